@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Debian packages for the browser test (chromium) and the local SLURM tests (munge, slurm).
+set -euo pipefail
+pkgs=(chromium)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

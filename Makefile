@@ -1,0 +1,37 @@
+# Set-up, the demo, tests and lint. Everything installs into .venv inside the clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CORES ?= 2
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+## the embedded default: download -> tokenize -> train (2 FSDP ranks) -> convert -> evaluate -> report
+demo: setup
+	$(BIN)/snakemake --cores $(CORES)
+	@echo "report: $$(pwd)/results/report_embedded.html"
+
+## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available)
+test: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q
+
+## unit tests only (seconds)
+test-fast: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -m "not slow and not slurm"
+
+lint: setup
+	$(BIN)/ruff check workflow tests benchmarks
+	$(BIN)/ruff format --check workflow tests benchmarks
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results .snakemake

@@ -1,0 +1,34 @@
+# lmpipe: raw text -> tokens -> GPT-2 (torchrun + FSDP) -> HF/llm.c export -> evals -> report.
+#
+# What it writes (paths from config `paths:`; defaults shown):
+#   results/data/{dataset}/raw/          download: raw parquet/jsonl + manifest.json
+#   results/data/{dataset}/tokens/       tokenize: llm.c shards + manifest.json
+#   results/runs/{run}/train/            train: metrics.jsonl, tb/, checkpoints/ (not outputs), final/
+#   results/runs/{run}/model/            convert: hf/ (transformers folder), llmc.bin
+#   results/runs/{run}/eval/             evaluate: *.json (val loss, HellaSwag two ways, samples)
+#   results/report_{report}.html         report: one self-contained HTML file
+#   results/logs/{stage}/...             one log a job
+#
+# Default target: the embedded report (CPU, offline). On a cluster:
+#   snakemake --profile slurm results/report_124m.html
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/convert.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        LAYOUT.report("embedded"),
+    default_target: True

@@ -1,0 +1,75 @@
+"""Every file name the pipeline reads or writes, in one place.
+
+The Snakemake rules and the stage modules both import these, so a path is spelled once.
+`results` and `data` come from the config's `paths:` section (defaults: results, results/data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
+REPORT_TEMPLATES = REPO_ROOT / "workflow" / "report"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each stage writes, relative to the working directory (the repo root)."""
+
+    results: str = "results"
+    data: str = "results/data"
+
+    # ---- data stages ----
+    def raw_dir(self, dataset: str) -> str:
+        return f"{self.data}/{dataset}/raw"
+
+    def raw_manifest(self, dataset: str) -> str:
+        return f"{self.raw_dir(dataset)}/manifest.json"
+
+    def tokens_dir(self, dataset: str) -> str:
+        return f"{self.data}/{dataset}/tokens"
+
+    def tokens_manifest(self, dataset: str) -> str:
+        return f"{self.tokens_dir(dataset)}/manifest.json"
+
+    # ---- a run ----
+    def run_dir(self, run: str) -> str:
+        return f"{self.results}/runs/{run}"
+
+    def train_dir(self, run: str) -> str:
+        return f"{self.run_dir(run)}/train"
+
+    def final_checkpoint(self, run: str) -> str:
+        return f"{self.train_dir(run)}/final"
+
+    def metrics(self, run: str) -> str:
+        return f"{self.train_dir(run)}/metrics.jsonl"
+
+    def model_dir(self, run: str) -> str:
+        return f"{self.run_dir(run)}/model"
+
+    def hf_dir(self, run: str) -> str:
+        return f"{self.model_dir(run)}/hf"
+
+    def llmc_file(self, run: str) -> str:
+        return f"{self.model_dir(run)}/llmc.bin"
+
+    def eval_dir(self, run: str) -> str:
+        return f"{self.run_dir(run)}/eval"
+
+    def report(self, report: str) -> str:
+        return f"{self.results}/report_{report}.html"
+
+    def log(self, stage: str, name: str) -> str:
+        return f"{self.results}/logs/{stage}/{name}.log"
+
+    def benchmark(self, stage: str, name: str) -> str:
+        return f"{self.results}/benchmarks/{stage}/{name}.tsv"
+
+
+def shard_name(dataset: str, split: str, index: int) -> str:
+    """llm.c's shard naming: `{dataset}_val_000000.bin`, `{dataset}_train_000001.bin`, ..."""
+    return f"{dataset}_{split}_{index:06d}.bin"
