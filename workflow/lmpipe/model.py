@@ -1,0 +1,142 @@
+"""GPT-2 as OpenAI and llm.c define it, in nanoGPT's shape. Knows nothing of parallelism.
+
+Learned positions, pre-LayerNorm blocks, GELU (tanh), tied token embedding and LM head, attention
+through `F.scaled_dot_product_attention` (flash attention on GPUs). The vocabulary is padded to
+50304 (a multiple of 128) for speed as llm.c does; the padded logits are never predicted (masked
+to -inf). Initialisation is llm.c's: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer).
+
+Parameter names equal nanoGPT's and Hugging Face GPT2LMHeadModel's (less `lm_head.weight`, tied).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024
+    vocab_size: int = 50257
+    padded_vocab_size: int = 50304
+
+
+# GPT-2 sizes (llm.c's -d flags) and tiny ones for CPU tests.
+PRESETS: dict[str, GPTConfig] = {
+    "d12": GPTConfig(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "d24": GPTConfig(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "d36": GPTConfig(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "d48": GPTConfig(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+    "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128),
+    "small": GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE = True  # llm.c: scaled init for residual projections
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied (weight tying)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """llm.c's init; callable again after `to_empty()` when built on the meta device."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                std = residual_std if getattr(module, "RESIDUAL_SCALE", False) else 0.02
+                if module is not self.lm_head:  # tied: initialised as wte
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # tied weights counted once
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, padded_vocab) with the padding masked to -inf, and the mean loss."""
+        B, T = idx.size()
+        assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x).float()  # (B, T, Vp); fp32 for a stable softmax
+        if self.config.padded_vocab_size > self.config.vocab_size:
+            logits[..., self.config.vocab_size :] = float("-inf")  # padding is never predicted
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
