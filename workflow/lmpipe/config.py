@@ -7,7 +7,8 @@ Torch-free on purpose: the Snakefile imports it at parse time and pytest covers 
   cross-field checks a JSON schema cannot express, naming the YAML path and value.
 - The `*_params()` functions return the slice of the config a stage depends on, as canonical JSON.
   Rules pass them as `params:`, so Snakemake reruns a stage exactly when its slice changes.
-- The dataclasses are what a stage module builds from that JSON (`from_dict`), refusing unknown keys.
+- The dataclasses are what a stage module builds from that JSON (`from_dict`), refusing unknown
+  keys.
 """
 
 from __future__ import annotations
@@ -54,16 +55,25 @@ def settings_hash(obj: Any) -> str:
 
 
 @dataclass(frozen=True)
-class DatasetConfig:
+class SourceConfig:
+    """Where a dataset's raw text comes from (the download stage)."""
+
     source: str
-    shard_tokens: int
-    val_tokens: int
     path: str | None = None
     repo: str | None = None
     name: str | None = None
     revision: str = "main"
-    text_column: str = "text"
     max_files: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """How a dataset is cut into llm.c shards (the tokenize stage)."""
+
+    dataset: str
+    shard_tokens: int
+    val_tokens: int
+    text_column: str = "text"
 
 
 @dataclass(frozen=True)
@@ -217,7 +227,9 @@ def check_config(config: dict[str, Any]) -> None:
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         if rc.eval.hellaswag not in config.get("hellaswag", {}):
-            raise ConfigError(f"{where}.eval.hellaswag: unknown HellaSwag file {rc.eval.hellaswag!r}")
+            raise ConfigError(
+                f"{where}.eval.hellaswag: unknown HellaSwag file {rc.eval.hellaswag!r}"
+            )
     for name, rep in config["reports"].items():
         for run in rep["runs"]:
             if run not in config["runs"]:
@@ -228,16 +240,18 @@ def check_config(config: dict[str, Any]) -> None:
 # what each stage depends on (rule params); canonical JSON so that equal settings compare equal
 
 
+def _fields_of(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
 def download_params(config: dict[str, Any], dataset: str) -> str:
-    d = config["datasets"][dataset]
-    keys = ("source", "path", "repo", "name", "revision", "max_files")
-    return canonical_json({k: d[k] for k in keys if k in d})
+    return canonical_json(_fields_of(SourceConfig, config["datasets"][dataset]))
 
 
 def tokenize_params(config: dict[str, Any], dataset: str) -> str:
-    d = config["datasets"][dataset]
-    keys = ("text_column", "shard_tokens", "val_tokens")
-    return canonical_json({k: d[k] for k in keys if k in d} | {"name": dataset})
+    d = _fields_of(TokenizeConfig, config["datasets"][dataset])
+    return canonical_json(d | {"dataset": dataset})
 
 
 TRAJECTORY_LAUNCH_KEYS = ("device", "nodes", "procs_per_node", "peak_flops")

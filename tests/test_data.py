@@ -1,0 +1,241 @@
+"""The data stages: tokenizer, shard format, download and tokenize."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tiktoken
+
+from conftest import RESOURCES, SHARED_DATA, TOKENIZER_DIR
+from lmpipe import shards
+from lmpipe.config import SourceConfig, TokenizeConfig
+from lmpipe.download import download_dataset
+from lmpipe.tokenize import tokenize
+from lmpipe.tokenizer import EOT_ID, gpt2_encoding
+
+# tiktoken caches its downloads under sha1(url); these are the names of OpenAI's files.
+TIKTOKEN_CACHE_NAMES = {
+    "6d1cbeee0f20b3d9449abfede4726ed8212e3aee": "vocab.bpe",
+    "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6": "encoder.json",
+}
+
+
+@pytest.fixture(scope="module")
+def tiktoken_gpt2(tmp_path_factory):
+    """tiktoken's own `gpt2` encoding, offline: its cache is filled with the same OpenAI files."""
+    import os
+
+    cache = tmp_path_factory.mktemp("tiktoken_cache")
+    for sha1, name in TIKTOKEN_CACHE_NAMES.items():
+        shutil.copy(TOKENIZER_DIR / name, cache / sha1)
+    old = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    try:
+        yield tiktoken.get_encoding("gpt2")
+    finally:
+        if old is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR")
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = old
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------
+
+
+def test_tokenizer_equals_tiktoken_gpt2_on_real_text(tiktoken_gpt2, fineweb_texts):
+    ours = gpt2_encoding(TOKENIZER_DIR)
+    shakespeare = (SHARED_DATA / "tinyshakespeare" / "input.txt").read_text()[:20000]
+    texts = fineweb_texts[:200] + [shakespeare, "Hello world", "  leading spaces\n\n\ttabs 123"]
+    for text in texts:
+        assert ours.encode_ordinary(text) == tiktoken_gpt2.encode_ordinary(text)
+    assert ours.encode("Hello world") == [15496, 995]
+    assert ours.n_vocab == tiktoken_gpt2.n_vocab == 50257
+
+
+def test_tokenizer_special_tokens_match_tiktoken(tiktoken_gpt2):
+    ours = gpt2_encoding(TOKENIZER_DIR)
+    text = "end of one<|endoftext|>start of the next"
+    assert ours.encode(text, allowed_special="all") == tiktoken_gpt2.encode(
+        text, allowed_special="all"
+    )
+    assert ours.encode("<|endoftext|>", allowed_special="all") == [EOT_ID]
+    # as ordinary text (how documents are encoded) it is not the special token
+    assert ours.encode_ordinary(text) == tiktoken_gpt2.encode_ordinary(text)
+    assert EOT_ID not in ours.encode_ordinary(text)
+    with pytest.raises(ValueError, match="disallowed special token"):
+        ours.encode(text)
+
+
+def test_tokenizer_missing_file_is_named(tmp_path):
+    shutil.copy(TOKENIZER_DIR / "encoder.json", tmp_path / "encoder.json")
+    with pytest.raises(FileNotFoundError, match="vocab.bpe"):
+        gpt2_encoding(tmp_path)
+
+
+# ---- shard format ------------------------------------------------------------------------------
+
+
+def test_shard_round_trip_with_exact_header_bytes(tmp_path):
+    tokens = np.array([EOT_ID, 15496, 995, 0, 65535], dtype=np.uint16)
+    path = tmp_path / "s.bin"
+    shards.write_shard(path, tokens)
+    raw = path.read_bytes()
+    # 256 little-endian int32: magic, version, count, then zeros; then uint16 tokens
+    assert raw[:12] == struct.pack("<3i", 20240520, 1, 5)
+    assert raw[12:1024] == bytes(1012)
+    assert raw[1024:] == struct.pack("<5H", *tokens.tolist())
+    assert len(raw) == 1024 + 2 * 5
+    np.testing.assert_array_equal(shards.read_shard(path), tokens)
+    np.testing.assert_array_equal(shards.read_shard(path, mmap=False), tokens)
+
+
+def test_shard_refuses_ids_beyond_uint16(tmp_path):
+    with pytest.raises(ValueError, match="uint16"):
+        shards.write_shard(tmp_path / "s.bin", np.array([70000]))
+    assert not (tmp_path / "s.bin").exists()
+
+
+@pytest.fixture
+def good_shard(tmp_path):
+    path = tmp_path / "good_train_000001.bin"
+    shards.write_shard(path, np.arange(100, dtype=np.uint16))
+    return path
+
+
+def test_truncated_shard_names_the_file(good_shard):
+    good_shard.write_bytes(good_shard.read_bytes()[:-2])
+    with pytest.raises(shards.ShardError, match=f"{good_shard}.*truncated"):
+        shards.read_shard(good_shard)
+
+
+def test_short_file_names_the_file(good_shard):
+    good_shard.write_bytes(b"\0" * 100)
+    with pytest.raises(shards.ShardError, match=f"{good_shard}.*shorter than"):
+        shards.read_header(good_shard)
+
+
+def test_wrong_magic_names_the_file(good_shard):
+    raw = bytearray(good_shard.read_bytes())
+    raw[:4] = struct.pack("<i", 20240326)  # llm.c's *model* magic, not a shard's
+    good_shard.write_bytes(bytes(raw))
+    with pytest.raises(shards.ShardError, match=f"{good_shard}.*bad magic 20240326"):
+        shards.read_shard(good_shard)
+
+
+def test_wrong_version_names_the_file(good_shard):
+    raw = bytearray(good_shard.read_bytes())
+    raw[4:8] = struct.pack("<i", 2)
+    good_shard.write_bytes(bytes(raw))
+    with pytest.raises(shards.ShardError, match=f"{good_shard}.*version 2"):
+        shards.read_shard(good_shard)
+
+
+def test_missing_shard_names_the_file(tmp_path):
+    with pytest.raises(shards.ShardError, match="nope.bin.*not found"):
+        shards.read_header(tmp_path / "nope.bin")
+
+
+# ---- download (local source) and tokenize ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def raw_sample(tmp_path_factory):
+    out = tmp_path_factory.mktemp("raw")
+    src = SourceConfig(source="local", path=str(RESOURCES / "fineweb_sample.parquet"))
+    manifest = download_dataset(src, out)
+    return out, manifest
+
+
+def test_download_local_writes_manifest(raw_sample):
+    out, manifest = raw_sample
+    (entry,) = manifest["files"]
+    assert entry["file"] == "fineweb_sample.parquet"
+    assert entry["rows"] == manifest["rows"] == 1000
+    assert entry["bytes"] == (RESOURCES / "fineweb_sample.parquet").stat().st_size
+    assert len(entry["sha256"]) == 64
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    assert not list(out.glob("*.tmp")) and not list(out.glob("*.incomplete"))
+
+
+def test_download_missing_local_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothere.parquet"):
+        download_dataset(
+            SourceConfig(source="local", path=str(tmp_path / "nothere.parquet")), tmp_path
+        )
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def _tokenize(raw_dir, out, workers, shard_tokens=200_000, val_tokens=50_000):
+    cfg = TokenizeConfig(dataset="sample", shard_tokens=shard_tokens, val_tokens=val_tokens)
+    return tokenize(cfg, raw_dir / "manifest.json", str(TOKENIZER_DIR), out, workers)
+
+
+def test_tokenize_shards_follow_the_contract(raw_sample, tmp_path, fineweb_texts):
+    raw_dir, _ = raw_sample
+    m = _tokenize(raw_dir, tmp_path / "tokens", workers=2)
+    files = [s["file"] for s in m["shards"]]
+    assert files[0] == "sample_val_000000.bin" and files[1] == "sample_train_000001.bin"
+    assert [s["split"] for s in m["shards"]] == ["val"] + ["train"] * (len(files) - 1)
+    assert m["shards"][0]["tokens"] == 50_000
+    assert all(s["tokens"] == 200_000 for s in m["shards"][1:-1])
+    # all shards together are <|endoftext|> + tokens of each document, in order
+    stream = np.concatenate([shards.read_shard(tmp_path / "tokens" / f) for f in files])
+    enc = gpt2_encoding(TOKENIZER_DIR)
+    expected = []
+    for text in fineweb_texts:
+        expected += [EOT_ID, *enc.encode_ordinary(text)]
+    np.testing.assert_array_equal(stream, np.array(expected, dtype=np.uint16))
+    assert m["tokens"]["val"] + m["tokens"]["train"] == len(expected)
+    assert m["documents"] == 1000
+
+
+def test_tokenize_identical_for_1_and_2_workers(raw_sample, tmp_path):
+    raw_dir, _ = raw_sample
+    one = _tokenize(raw_dir, tmp_path / "one", workers=1)
+    two = _tokenize(raw_dir, tmp_path / "two", workers=2)
+    assert one["shards"] == two["shards"]  # names, sizes and sha256
+    for s in one["shards"]:
+        assert (tmp_path / "one" / s["file"]).read_bytes() == (
+            tmp_path / "two" / s["file"]
+        ).read_bytes()
+
+
+def test_tokenize_reads_jsonl_and_replaces_old_shards(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    docs = ["first document", "second one", "third"]
+    (raw / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.jsonl"}], "rows": 3}))
+    out = tmp_path / "tokens"
+    out.mkdir()
+    (out / "stale_train_000009.bin").write_bytes(b"old")
+    m = _tokenize(raw, out, workers=2, shard_tokens=4, val_tokens=3)
+    assert not (out / "stale_train_000009.bin").exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [s["file"] for s in m["shards"]] + ["manifest.json"]
+    )
+
+
+def test_tokenize_bad_jsonl_line_is_named(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "d.jsonl").write_text('{"text": "ok"}\nnot json\n')
+    (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.jsonl"}], "rows": 2}))
+    with pytest.raises(ValueError, match=r"d.jsonl:2"):
+        _tokenize(raw, tmp_path / "tokens", workers=1)
+    assert not (tmp_path / "tokens").exists()
+
+
+def test_tokenize_missing_text_column_is_named(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pq.write_table(pa.table({"content": ["a", "b"]}), raw / "d.parquet")
+    (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.parquet"}], "rows": 2}))
+    with pytest.raises(KeyError, match="d.parquet.*'text'"):
+        _tokenize(raw, tmp_path / "tokens", workers=1)
