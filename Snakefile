@@ -29,6 +29,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         LAYOUT.report("embedded"),
-    default_target: True

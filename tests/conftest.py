@@ -27,3 +27,42 @@ def fineweb_texts() -> list[str]:
     import pyarrow.parquet as pq
 
     return pq.read_table(RESOURCES / "fineweb_sample.parquet", columns=["text"])["text"].to_pylist()
+
+
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "resources", "slurm")
+
+
+def make_workdir(dest: Path) -> Path:
+    """A copy of the workflow (not results/) to run Snakemake in, so tests never touch results/."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy(src, dest / name)
+    return dest
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 1200, check: bool = True):
+    """Run the real `snakemake` CLI in `workdir`; its jobs find this interpreter's `python`."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc

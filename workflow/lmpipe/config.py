@@ -279,5 +279,9 @@ def eval_params(config: dict[str, Any], run: str) -> str:
 
 def report_params(config: dict[str, Any], report: str) -> str:
     rep = config["reports"][report]
-    runs = {r: json.loads(train_params(config, r)) for r in rep["runs"]}
+    # what each run was trained and evaluated with: the report shows them side by side
+    runs = {
+        r: json.loads(train_params(config, r)) | json.loads(eval_params(config, r))
+        for r in rep["runs"]
+    }
     return canonical_json({"report": report, "gpu_hour_price": rep["gpu_hour_price"], "runs": runs})

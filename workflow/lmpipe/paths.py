@@ -60,6 +60,9 @@ class Layout:
     def eval_dir(self, run: str) -> str:
         return f"{self.run_dir(run)}/eval"
 
+    def eval_file(self, run: str, name: str) -> str:
+        return f"{self.eval_dir(run)}/{name}.json"
+
     def report(self, report: str) -> str:
         return f"{self.results}/report_{report}.html"
 

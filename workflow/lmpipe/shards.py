@@ -72,7 +72,9 @@ def read_shard(path: str | Path, mmap: bool = True) -> np.ndarray:
     """The shard's tokens as a uint16 array (memory-mapped by default: shards are 200 MB)."""
     num_tokens = read_header(path)
     if mmap:
-        return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+        return np.memmap(
+            path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,)
+        )
     with open(path, "rb") as f:
         f.seek(HEADER_BYTES)
         return np.frombuffer(f.read(), dtype=TOKEN_DTYPE)

@@ -2,17 +2,17 @@
 # Arithmetic and config slicing live in lmpipe.config (torch-free, covered by pytest).
 
 import os
+import shlex
 import sys
 
 from snakemake.utils import validate
 
 # The rules run `python -m lmpipe.<stage>`: make the package importable without installing it
-# (e.g. in a conda env made from envs/*.yaml), for this process and every job it starts.
+# (e.g. in a conda env made from envs/*.yaml), here and in every job's shell.
 LMPIPE_SRC = os.path.join(workflow.basedir, "workflow")
 sys.path.insert(0, LMPIPE_SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (LMPIPE_SRC, os.environ.get("PYTHONPATH")) if p
-)
+# (the prefix is formatted like a shell command: doubled braces are the shell's own)
+shell.prefix("export PYTHONPATH=" + shlex.quote(LMPIPE_SRC) + "${{PYTHONPATH:+:$PYTHONPATH}}; ")
 
 from lmpipe import config as lmconfig
 
@@ -45,3 +45,21 @@ def get_hellaswag_file(wildcards):
 
 def is_local_dataset(dataset):
     return config["datasets"][dataset]["source"] == "local"
+
+
+def get_eval_outputs(run):
+    """The eval files a run produces (lm-eval only where the run's eval settings ask for it)."""
+    names = ["val_loss", "hellaswag", "samples"]
+    if lmconfig.run_config(config, run).eval.lm_eval:
+        names.append("hellaswag_lm_eval")
+    return [LAYOUT.eval_file(run, n) for n in names]
+
+
+def get_report_inputs(wildcards):
+    runs = config["reports"][wildcards.report]["runs"]
+    finals = [LAYOUT.final_checkpoint(r) for r in runs]
+    evals = [f for r in runs for f in get_eval_outputs(r)]
+    manifests = sorted(
+        {LAYOUT.tokens_manifest(config["runs"][r]["dataset"]) for r in runs}
+    )
+    return finals + evals + manifests

@@ -2,20 +2,12 @@
 # through lm-eval, sample generations. Each writes one small JSON file under eval/.
 
 
-def get_eval_outputs(run):
-    """The eval files a run produces (lm-eval only where the run's eval settings ask for it)."""
-    names = ["val_loss", "hellaswag", "samples"]
-    if lmconfig.run_config(config, run).eval.lm_eval:
-        names.append("hellaswag_lm_eval")
-    return [f"{LAYOUT.eval_dir(run)}/{n}.json" for n in names]
-
-
 rule evaluate_loss:
     input:
         hf=LAYOUT.hf_dir("{run}"),
         tokens=get_tokens_manifest,
     output:
-        LAYOUT.eval_dir("{run}") + "/val_loss.json",
+        LAYOUT.eval_file("{run}", "val_loss"),
     params:
         cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     threads: 2
@@ -35,7 +27,7 @@ rule evaluate_hellaswag:
         hf=LAYOUT.hf_dir("{run}"),
         hellaswag=get_hellaswag_file,
     output:
-        LAYOUT.eval_dir("{run}") + "/hellaswag.json",
+        LAYOUT.eval_file("{run}", "hellaswag"),
     params:
         cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     threads: 2
@@ -55,7 +47,7 @@ rule evaluate_lm_eval:
         hf=LAYOUT.hf_dir("{run}"),
         hellaswag=get_hellaswag_file,
     output:
-        LAYOUT.eval_dir("{run}") + "/hellaswag_lm_eval.json",
+        LAYOUT.eval_file("{run}", "hellaswag_lm_eval"),
     params:
         cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     threads: 2
@@ -74,7 +66,7 @@ rule sample:
     input:
         hf=LAYOUT.hf_dir("{run}"),
     output:
-        LAYOUT.eval_dir("{run}") + "/samples.json",
+        LAYOUT.eval_file("{run}", "samples"),
     params:
         cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     log:

@@ -1,14 +1,6 @@
 # The report: one self-contained HTML file comparing the runs a report names.
 
 
-def get_report_inputs(wildcards):
-    runs = config["reports"][wildcards.report]["runs"]
-    finals = [LAYOUT.final_checkpoint(r) for r in runs]
-    evals = [f for r in runs for f in get_eval_outputs(r)]
-    manifests = sorted({LAYOUT.tokens_manifest(config["runs"][r]["dataset"]) for r in runs})
-    return finals + evals + manifests
-
-
 rule report:
     input:
         get_report_inputs,
@@ -16,7 +8,7 @@ rule report:
         LAYOUT.report("{report}"),
     params:
         cfg=lambda wc: lmconfig.report_params(config, wc.report),
-        results=LAYOUT.results,
+        results=lambda wc, output: os.path.dirname(output[0]) or ".",
         data=LAYOUT.data,
     log:
         LAYOUT.log("report", "{report}"),

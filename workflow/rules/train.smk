@@ -4,10 +4,6 @@
 # failed job's outputs, and a retried job must find them to resume.
 
 
-def get_train_resources(wildcards):
-    return get_run(wildcards).launch
-
-
 rule train:
     input:
         tokens=get_tokens_manifest,
