@@ -239,3 +239,66 @@ def test_tokenize_missing_text_column_is_named(tmp_path):
     (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.parquet"}], "rows": 2}))
     with pytest.raises(KeyError, match="d.parquet.*'text'"):
         _tokenize(raw, tmp_path / "tokens", workers=1)
+
+
+# ---- download (Hugging Face source; the hub itself is out of reach here, so it is faked) -------
+
+
+def test_hub_download_resumes_and_never_counts_a_partial_file(tmp_path, monkeypatch, caplog):
+    """An interrupted download leaves no manifest; the retry completes it; HF_TOKEN never shows."""
+    import huggingface_hub
+
+    from lmpipe import download
+
+    table = pq.read_table(RESOURCES / "fineweb_sample.parquet").slice(0, 20)
+    names = ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
+    calls = {"n": 0}
+
+    def fake_hf_hub_download(repo_id, filename, repo_type, revision, local_dir):
+        # like huggingface_hub: write `<file>.incomplete`, rename when complete
+        assert repo_id == "HuggingFaceFW/fineweb" and repo_type == "dataset"
+        calls["n"] += 1
+        dest = local_dir / filename
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        partial = dest.with_name(dest.name + ".incomplete")
+        pq.write_table(table, partial)
+        if calls["n"] == 2:
+            raise ConnectionError("connection reset")  # the 2nd file breaks off the first time
+        partial.rename(dest)
+        return str(dest)
+
+    monkeypatch.setattr(download, "hub_data_files", lambda cfg: names)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRETSECRET")
+    cfg = SourceConfig(source="huggingface", repo="HuggingFaceFW/fineweb", name="sample-10BT")
+    out = tmp_path / "raw"
+    caplog.set_level("INFO")
+
+    with pytest.raises(ConnectionError):
+        download_dataset(cfg, out)
+    assert not (out / "manifest.json").exists()
+
+    manifest = download_dataset(cfg, out)
+    assert [f["file"] for f in manifest["files"]] == names
+    assert manifest["rows"] == 40
+    text = (out / "manifest.json").read_text() + caplog.text
+    assert "SECRET" not in text and "HF_TOKEN is set" in caplog.text
+
+
+def test_hub_download_max_files(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from lmpipe import download
+
+    table = pq.read_table(RESOURCES / "fineweb_sample.parquet").slice(0, 5)
+
+    def fake_hf_hub_download(repo_id, filename, repo_type, revision, local_dir):
+        dest = local_dir / filename
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, dest)
+        return str(dest)
+
+    monkeypatch.setattr(download, "hub_data_files", lambda cfg: ["a.parquet", "b.parquet"])
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
+    cfg = SourceConfig(source="huggingface", repo="HuggingFaceFW/fineweb", name="x", max_files=1)
+    assert [f["file"] for f in download_dataset(cfg, tmp_path)["files"]] == ["a.parquet"]
