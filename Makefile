@@ -15,8 +15,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 ## the embedded default: download -> tokenize -> train (2 FSDP ranks) -> convert -> evaluate -> report
+## (the venv on PATH: the jobs' `python -m lmpipe.<stage>` must be the venv's python)
 demo: setup
-	$(BIN)/snakemake --cores $(CORES)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES)
 	@echo "report: $$(pwd)/results/report_embedded.html"
 
 ## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available)

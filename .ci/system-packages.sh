@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages for the browser test (chromium) and the local SLURM tests (munge, slurm).
 set -euo pipefail
-pkgs=(chromium)
+# munge slurmctld slurmd slurm-client: tests/test_slurm.py starts them (tests/slurm/setup.sh).
+pkgs=(chromium munge slurmctld slurmd slurm-client)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

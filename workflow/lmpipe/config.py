@@ -77,6 +77,23 @@ class TokenizeConfig:
 
 
 @dataclass(frozen=True)
+class ConversationsConfig:
+    """A `kind: conversations` dataset: ShareGPT JSON -> masked token rows (lmpipe.sft_data)."""
+
+    dataset: str
+    source: str
+    seq_len: int
+    path: str | None = None
+    repo: str | None = None
+    name: str | None = None
+    split: str = "train"
+    revision: str = "main"
+    template: str = "vicuna_v1.1"
+    val_percent: float = 10.0
+    on_malformed: str = "error"
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     n_layer: int
     n_head: int
@@ -150,6 +167,23 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class BaseConfig:
+    """An SFT run's initial weights: a run's final checkpoint, or a Hugging Face GPT-2 folder."""
+
+    run: str | None = None
+    hf: str | None = None
+    dataset: str | None = None  # text dataset of the FineWeb-style val loss (with `hf`)
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Chat fine-tuning: steps = epochs * (train rows // rows a step); warmup = ratio * steps."""
+
+    epochs: int = 3
+    warmup_ratio: float = 0.04
+
+
+@dataclass(frozen=True)
 class RunConfig:
     name: str
     dataset: str
@@ -157,6 +191,8 @@ class RunConfig:
     train: TrainConfig
     launch: LaunchConfig
     eval: EvalConfig = field(default_factory=EvalConfig)
+    base: BaseConfig | None = None
+    sft: SFTConfig | None = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,6 +221,8 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
     where = f"runs.{run}"
     train = dict(r["train"])
     train["betas"] = tuple(train.get("betas", (0.9, 0.95)))
+    if "sft" in r:
+        train.setdefault("max_steps", 0)  # the trainer derives it from sft.epochs and the data
     return RunConfig(
         name=run,
         dataset=r["dataset"],
@@ -192,7 +230,75 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
         train=from_dict(TrainConfig, train, f"{where}.train"),
         launch=from_dict(LaunchConfig, r["launch"], f"{where}.launch"),
         eval=from_dict(EvalConfig, r.get("eval", {}), f"{where}.eval"),
+        base=from_dict(BaseConfig, r["base"], f"{where}.base") if "base" in r else None,
+        sft=from_dict(SFTConfig, r["sft"], f"{where}.sft") if "sft" in r else None,
     )
+
+
+def is_conversations(config: dict[str, Any], dataset: str) -> bool:
+    return config["datasets"][dataset].get("kind", "text") == "conversations"
+
+
+def is_sft(config: dict[str, Any], run: str) -> bool:
+    return "sft" in config["runs"][run]
+
+
+def text_dataset(config: dict[str, Any], run: str) -> str:
+    """The text dataset a run is measured on (FineWeb val loss): an SFT run's is its base's."""
+    r = config["runs"][run]
+    if "base" not in r:
+        return r["dataset"]
+    base = r["base"]
+    return config["runs"][base["run"]]["dataset"] if base.get("run") else base["dataset"]
+
+
+def chat_dataset(config: dict[str, Any], run: str) -> str | None:
+    """The conversations a run's chat evaluations use: its own (SFT), its fine-tunings' (base)."""
+    if is_sft(config, run):
+        return config["runs"][run]["dataset"]
+    children = {
+        r["dataset"] for r in config["runs"].values() if r.get("base", {}).get("run") == run
+    }
+    return min(children) if children else None
+
+
+def check_sft_run(config: dict[str, Any], name: str) -> None:
+    """An SFT run: conversations data, one base of the same model, steps from epochs."""
+    r, where = config["runs"][name], f"runs.{name}"
+    if "base" not in r or "sft" not in r:
+        raise ConfigError(f"{where}: a fine-tuning run needs both `base:` and `sft:`")
+    if not is_conversations(config, r["dataset"]):
+        raise ConfigError(f"{where}.dataset: {r['dataset']!r} is not a `kind: conversations` one")
+    if "max_steps" in r["train"]:
+        raise ConfigError(f"{where}.train.max_steps: set by sft.epochs for a fine-tuning run")
+    seq_len = config["datasets"][r["dataset"]]["seq_len"]
+    if r["train"]["seq_len"] != seq_len:
+        raise ConfigError(
+            f"{where}.train.seq_len {r['train']['seq_len']} differs from datasets."
+            f"{r['dataset']}.seq_len {seq_len} (one conversation a row of that length)"
+        )
+    base = r["base"]
+    if bool(base.get("run")) == bool(base.get("hf")):
+        raise ConfigError(f"{where}.base: give exactly one of `run` or `hf`")
+    if base.get("run"):
+        b = base["run"]
+        if b not in config["runs"] or is_sft(config, b):
+            raise ConfigError(f"{where}.base.run: {b!r} is not a pretraining run of `runs:`")
+        if config["runs"][b]["model"] != r["model"]:
+            raise ConfigError(
+                f"{where}.model {r['model']!r} differs from its base run's"
+                f" {config['runs'][b]['model']!r}"
+            )
+        datasets = {
+            o["dataset"] for o in config["runs"].values() if o.get("base", {}).get("run") == b
+        }
+        if len(datasets) > 1:
+            raise ConfigError(
+                f"runs: base run {b!r} is fine-tuned on several conversation datasets"
+                f" {sorted(datasets)}; its chat evaluations support one"
+            )
+    elif not base.get("dataset") or is_conversations(config, base["dataset"]):
+        raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -201,6 +307,10 @@ def check_config(config: dict[str, Any]) -> None:
         where = f"datasets.{name}"
         if d["source"] == "local" and not d.get("path"):
             raise ConfigError(f"{where}: source 'local' needs `path`")
+        if is_conversations(config, name):  # a ShareGPT dataset needs no subset name
+            if d["source"] == "huggingface" and not d.get("repo"):
+                raise ConfigError(f"{where}: source 'huggingface' needs `repo`")
+            continue
         if d["source"] == "huggingface" and not (d.get("repo") and d.get("name")):
             raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
     for name, m in config["models"].items():
@@ -216,6 +326,12 @@ def check_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"{where}.dataset: unknown dataset {r['dataset']!r}")
         if r["model"] not in config["models"]:
             raise ConfigError(f"{where}.model: unknown model {r['model']!r}")
+        if "base" in r or "sft" in r:
+            check_sft_run(config, name)
+        elif is_conversations(config, r["dataset"]):
+            raise ConfigError(f"{where}: dataset {r['dataset']!r} is conversations: add base/sft")
+        elif "max_steps" not in r["train"]:
+            raise ConfigError(f"{where}.train: 'max_steps' is a required property")
         rc = run_config(config, name)
         if rc.train.seq_len > rc.model.block_size:
             raise ConfigError(
@@ -272,6 +388,22 @@ def train_params(config: dict[str, Any], run: str) -> str:
     )
 
 
+def sft_data_params(config: dict[str, Any], dataset: str) -> str:
+    """What the prepared conversations depend on (lmpipe.sft_data)."""
+    d = _fields_of(ConversationsConfig, config["datasets"][dataset])
+    return canonical_json(d | {"dataset": dataset})
+
+
+def sft_params(config: dict[str, Any], run: str) -> str:
+    """train_params of a fine-tuning run plus its base and SFT settings (what the trainer gets)."""
+    rc = run_config(config, run)
+    assert rc.sft is not None and rc.base is not None, f"{run} is not a fine-tuning run"
+    base = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
+    return canonical_json(
+        json.loads(train_params(config, run)) | {"base": base, "sft": dataclasses.asdict(rc.sft)}
+    )
+
+
 def eval_params(config: dict[str, Any], run: str) -> str:
     rc = run_config(config, run)
     return canonical_json({"run": run, "eval": dataclasses.asdict(rc.eval)})
@@ -281,7 +413,9 @@ def report_params(config: dict[str, Any], report: str) -> str:
     rep = config["reports"][report]
     # what each run was trained and evaluated with: the report shows them side by side
     runs = {
-        r: json.loads(train_params(config, r)) | json.loads(eval_params(config, r))
+        r: json.loads((sft_params if is_sft(config, r) else train_params)(config, r))
+        | json.loads(eval_params(config, r))
+        | {"text_dataset": text_dataset(config, r), "chat_dataset": chat_dataset(config, r)}
         for r in rep["runs"]
     }
     return canonical_json({"report": report, "gpu_hour_price": rep["gpu_hour_price"], "runs": runs})

@@ -122,6 +122,11 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())  # tied weights counted once
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs a token by llm.c's formula: 6N + 6*L*C*T (forward + backward)."""
+        c = self.config
+        return 6 * self.num_params() + 6 * c.n_layer * c.n_embd * seq_len
+
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -135,8 +140,12 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x).float()  # (B, T, Vp); fp32 for a stable softmax
         if self.config.padded_vocab_size > self.config.vocab_size:
-            logits[..., self.config.vocab_size :] = float("-inf")  # padding is never predicted
+            # the padding is never predicted; masked_fill (not in place) keeps autograd simple
+            padding = torch.arange(logits.size(-1), device=logits.device) >= self.config.vocab_size
+            logits = logits.masked_fill(padding, float("-inf"))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+            )
         return logits, loss

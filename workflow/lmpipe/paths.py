@@ -35,6 +35,13 @@ class Layout:
     def tokens_manifest(self, dataset: str) -> str:
         return f"{self.tokens_dir(dataset)}/manifest.json"
 
+    def sft_dir(self, dataset: str) -> str:
+        """Conversations as masked token rows (a `kind: conversations` dataset)."""
+        return f"{self.data}/{dataset}/sft"
+
+    def sft_manifest(self, dataset: str) -> str:
+        return f"{self.sft_dir(dataset)}/manifest.json"
+
     # ---- a run ----
     def run_dir(self, run: str) -> str:
         return f"{self.results}/runs/{run}"

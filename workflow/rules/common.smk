@@ -19,6 +19,11 @@ from lmpipe import config as lmconfig
 validate(config, "../schemas/config.schema.yaml")
 lmconfig.check_config(config)
 LAYOUT = lmconfig.layout(config)
+# `train` makes pretraining runs, `sft` (sft.smk) fine-tuning runs: never both for one run
+SFT_RUNS = "|".join(r for r in config["runs"] if lmconfig.is_sft(config, r)) or "^$"
+PRETRAIN_RUNS = (
+    "|".join(r for r in config["runs"] if not lmconfig.is_sft(config, r)) or "^$"
+)
 
 
 wildcard_constraints:
@@ -32,7 +37,8 @@ def get_run(wildcards):
 
 
 def get_dataset_of_run(wildcards):
-    return config["runs"][wildcards.run]["dataset"]
+    """The text dataset of a run (an SFT run's is its base's): training and the val loss."""
+    return lmconfig.text_dataset(config, wildcards.run)
 
 
 def get_tokens_manifest(wildcards):
@@ -52,6 +58,8 @@ def get_eval_outputs(run):
     names = ["val_loss", "hellaswag", "samples"]
     if lmconfig.run_config(config, run).eval.lm_eval:
         names.append("hellaswag_lm_eval")
+    if lmconfig.chat_dataset(config, run):  # an SFT run or its base (sft.smk)
+        names += ["sft_loss", "chat_samples"]
     return [LAYOUT.eval_file(run, n) for n in names]
 
 
@@ -60,6 +68,6 @@ def get_report_inputs(wildcards):
     finals = [LAYOUT.final_checkpoint(r) for r in runs]
     evals = [f for r in runs for f in get_eval_outputs(r)]
     manifests = sorted(
-        {LAYOUT.tokens_manifest(config["runs"][r]["dataset"]) for r in runs}
+        {LAYOUT.tokens_manifest(lmconfig.text_dataset(config, r)) for r in runs}
     )
     return finals + evals + manifests

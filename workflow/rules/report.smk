@@ -5,15 +5,20 @@ rule report:
     input:
         get_report_inputs,
     output:
-        LAYOUT.report("{report}"),
-    params:
-        cfg=lambda wc: lmconfig.report_params(config, wc.report),
-        results=lambda wc, output: os.path.dirname(output[0]) or ".",
-        data=LAYOUT.data,
+        report(
+            LAYOUT.report("{report}"),
+            caption="../report/report.rst",
+            category="Report",
+            labels={"report": "{report}"},
+        ),
     log:
         LAYOUT.log("report", "{report}"),
     conda:
         "../../envs/report.yaml"
+    params:
+        cfg=lambda wc: lmconfig.report_params(config, wc.report),
+        results=lambda wc, output: os.path.dirname(output[0]) or ".",
+        data=LAYOUT.data,
     shell:
         "python -m lmpipe.report --config-json {params.cfg:q} --results {params.results:q}"
         " --data {params.data:q} --out {output:q} > {log} 2>&1"

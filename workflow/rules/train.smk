@@ -4,25 +4,57 @@
 # failed job's outputs, and a retried job must find them to resume.
 
 
+def get_train_gres(wildcards):
+    """GPUs a node (--gres=gpu[:model]:N) for a CUDA run; None (no GPUs) for a CPU run."""
+    launch = get_run(wildcards).launch
+    if launch.device != "cuda":
+        return None
+    model = f"{launch.gpu_model}:" if launch.gpu_model else ""
+    return f"gpu:{model}{launch.procs_per_node}"
+
+
+def get_train_tasks(wildcards):
+    """Several nodes: one task (one torchrun) a node; one node: the plugin's default."""
+    nodes = get_run(wildcards).launch.nodes
+    return nodes if nodes > 1 else None
+
+
+def get_train_signal(wildcards):
+    """SIGTERM to the job steps signal_seconds before the time limit: checkpoint, fail, retry."""
+    return f"--signal=TERM@{get_run(wildcards).launch.signal_seconds}"
+
+
 rule train:
     input:
         tokens=get_tokens_manifest,
     output:
         final=directory(LAYOUT.final_checkpoint("{run}")),
-    params:
-        cfg=lambda wc: lmconfig.train_params(config, wc.run),
-        out=lambda wc: LAYOUT.train_dir(wc.run),
-    threads: lambda wc: get_run(wc).launch.procs_per_node
-    resources:
-        nodes=lambda wc: get_run(wc).launch.nodes,
-        mem_mb=lambda wc: get_run(wc).launch.mem_mb,
-        runtime=lambda wc: get_run(wc).launch.runtime,
     log:
         LAYOUT.log("train", "{run}"),
     benchmark:
         LAYOUT.benchmark("train", "{run}")
+    wildcard_constraints:
+        run=PRETRAIN_RUNS,  # fine-tuning runs are made by `sft` (sft.smk)
     conda:
         "../../envs/train.yaml"
+    threads: lambda wc: get_run(wc).launch.procs_per_node
+    resources:
+        # SLURM (slurm/ profile); a resource that is None is left out
+        nodes=lambda wc: get_run(wc).launch.nodes,
+        mem_mb=lambda wc: get_run(wc).launch.mem_mb,  # a node
+        runtime=lambda wc: get_run(wc).launch.runtime,
+        cpus_per_task=lambda wc: get_run(wc).launch.cpus_per_task,  # a node (one task a node)
+        gres=get_train_gres,
+        tasks_per_gpu=0,  # else the plugin turns tasks into --ntasks-per-gpu
+        # several nodes: the shell runs once in the batch script and lmpipe.launch calls srun
+        mpi=lambda wc: "srun" if get_run(wc).launch.nodes > 1 else None,
+        tasks=get_train_tasks,
+        slurm_extra=get_train_signal,
+    params:
+        cfg=lambda wc: lmconfig.train_params(config, wc.run),
+        out=lambda wc: LAYOUT.train_dir(wc.run),
+    # exec: the launcher replaces the shell, so a SIGTERM from SLURM (sent to every process of
+    # the job step) reaches it and its workers without killing the shell between them first
     shell:
-        "python -m lmpipe.launch --config-json {params.cfg:q} --tokens-manifest {input.tokens:q}"
+        "exec python -m lmpipe.launch --config-json {params.cfg:q} --tokens-manifest {input.tokens:q}"
         " --out {params.out:q} > {log} 2>&1"

@@ -1,0 +1,101 @@
+"""HellaSwag: the native batched scorer against the lm-eval harness, same model, same items.
+
+    python benchmarks/hellaswag_bench.py [--model HF_DIR | --preset small] [--items 200]
+
+Both run in this process, each once to warm up (imports, caches), then `--repeats` timed runs;
+the figures are medians. Each timed run is the whole evaluation as its CLI does it:
+native = load the HF folder into the native GPT, tokenize, score; lm-eval = `simple_evaluate`
+(task set-up, model load, requests, scoring). The same rows go into a forward pass in both
+(lm-eval's batch counts endings, so it gets 4x the native batch in items). Prints items/s, the
+ratio (goal >= 3x) and the accuracies side by side: native in lm-eval scoring must equal lm-eval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lmpipe import hellaswag
+from lmpipe.convert import load_native_from_hf, write_hf
+from lmpipe.evaluate import LM_EVAL_TASK, TOKENIZER_DIR, default_device, lm_eval_hellaswag
+from lmpipe.model import GPT, PRESETS
+from lmpipe.paths import REPO_ROOT
+from lmpipe.tokenizer import gpt2_encoding
+
+
+def native_run(model_dir: Path, items_file: Path, n: int, batch: int, mode: str, device: str):
+    model = load_native_from_hf(model_dir).to(device)
+    items = hellaswag.load_items(items_file, n)
+    return hellaswag.score(
+        model, items, gpt2_encoding(TOKENIZER_DIR), mode, batch, device, show_progress=False
+    )
+
+
+def lm_eval_run(model_dir: Path, items_file: Path, n: int, batch: int, device: str):
+    out = lm_eval_hellaswag(model_dir, items_file, n, batch * hellaswag.NUM_ENDINGS, device)
+    return out["results"][LM_EVAL_TASK]
+
+
+def timed(fn, repeats: int):
+    fn()  # warm-up
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times, result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="a converted HF folder (default: a random GPT of --preset)")
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--items-file", default=str(REPO_ROOT / "resources/hellaswag_val_sample.jsonl"))
+    p.add_argument("--items", type=int, default=200)
+    p.add_argument("--batch", type=int, default=16, help="items a forward pass (native)")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    device = default_device()
+
+    with tempfile.TemporaryDirectory(prefix="hellaswag_bench_") as tmp:
+        model_dir = Path(args.model) if args.model else Path(tmp) / "hf"
+        if not args.model:
+            torch.manual_seed(0)
+            write_hf(GPT(PRESETS[args.preset]), TOKENIZER_DIR, model_dir, {"run": "bench"})
+        items_file = Path(args.items_file)
+        n = len(hellaswag.load_items(items_file, args.items))
+        desc = args.model or f"random GPT preset {args.preset!r}"
+        print(f"model: {desc}; {n} items of {items_file.name}; batch {args.batch} items;")
+        print(f"device {device}, {torch.get_num_threads()} threads; medians of {args.repeats}")
+
+        def run_native_lm(mode="lm_eval"):
+            return native_run(model_dir, items_file, n, args.batch, mode, device)
+
+        t_nat, ts_nat, nat = timed(run_native_lm, args.repeats)
+        t_llmc, ts_llmc, llmc = timed(lambda: run_native_lm("llmc"), args.repeats)
+        t_lme, ts_lme, lme = timed(
+            lambda: lm_eval_run(model_dir, items_file, n, args.batch, device), args.repeats
+        )
+
+    rows = [
+        ("native, lm-eval scoring", t_nat, ts_nat, nat.acc, nat.acc_norm),
+        ("native, llm.c scoring", t_llmc, ts_llmc, llmc.acc, llmc.acc_norm),
+        ("lm-eval harness", t_lme, ts_lme, lme["acc,none"], lme["acc_norm,none"]),
+    ]
+    print(f"\n{'':26s} {'median s':>9s} {'items/s':>9s} {'acc':>7s} {'acc_norm':>9s}   runs (s)")
+    for name, t, ts, acc, acc_norm in rows:
+        runs = ", ".join(f"{x:.2f}" for x in ts)
+        print(f"{name:26s} {t:9.2f} {n / t:9.1f} {acc:7.4f} {acc_norm:9.4f}   {runs}")
+    same = nat.acc == lme["acc,none"] and nat.acc_norm == lme["acc_norm,none"]
+    print(f"\nspeed-up, native (lm-eval scoring) over lm-eval: {t_lme / t_nat:.2f}x (goal >= 3x)")
+    print(f"speed-up, native (llm.c scoring) over lm-eval:   {t_lme / t_llmc:.2f}x")
+    print(f"native lm-eval scoring equals the harness: {'yes' if same else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""evaluate: HellaSwag (native in both scorings, against the real lm-eval harness), val loss,
+samples, and the CLIs writing the result files the report reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmpipe import hellaswag
+from lmpipe.config import EvalConfig, canonical_json
+from lmpipe.convert import load_native_from_hf, write_hf
+from lmpipe.evaluate import val_loss
+from lmpipe.model import GPT, PRESETS, GPTConfig
+from lmpipe.paths import REPO_ROOT
+from lmpipe.sample import sample_completions
+from lmpipe.shards import write_shard
+from lmpipe.tokenizer import gpt2_encoding
+
+TOKENIZER = REPO_ROOT / "resources" / "gpt2"
+ITEMS = REPO_ROOT / "resources" / "hellaswag_val_sample.jsonl"
+ENC = gpt2_encoding(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A random tiny GPT exported as a HF folder (block_size 128: some items get truncated)."""
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("hf") / "hf"
+    write_hf(GPT(PRESETS["tiny"]), TOKENIZER, d, {"run": "test", "step": 0})
+    return d
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+
+def test_malformed_line_is_named(tmp_path):
+    good = ITEMS.read_text().splitlines()[:2]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([good[0], good[1], '{"ctx": "oops"']) + "\n")
+    with pytest.raises(hellaswag.HellaSwagError, match=r"bad\.jsonl:3: not valid JSON"):
+        hellaswag.load_items(path)
+    three_endings = json.loads(good[1]) | {"endings": ["a", "b", "c"]}
+    path.write_text("\n".join([good[0], json.dumps(three_endings)]) + "\n")
+    with pytest.raises(hellaswag.HellaSwagError, match=r"bad\.jsonl:2: 'endings'"):
+        hellaswag.load_items(path)
+    bad_label = json.loads(good[0]) | {"label": 4}
+    path.write_text(json.dumps(bad_label) + "\n")
+    with pytest.raises(hellaswag.HellaSwagError, match=r"bad\.jsonl:1: 'label'"):
+        hellaswag.load_items(path)
+
+
+def test_load_items_limit_and_labels():
+    items = hellaswag.load_items(ITEMS, 30)
+    assert len(items) == 30 and {it["label"] for it in items} <= {0, 1, 2, 3}
+    assert len(hellaswag.load_items(ITEMS)) == 503
+
+
+# ---- the batched scorer against a plain one-row-at-a-time forward -------------------------------
+
+
+def naive_logprob(model: GPT, ctx: list[int], cont: list[int]) -> float:
+    seq = (ctx + cont)[-(model.config.block_size + 1) :]
+    logits, _ = model(torch.tensor([seq[:-1]]))
+    logp = F.log_softmax(logits[0, -len(cont) :], dim=-1)  # padded vocab is -inf: drops out
+    return logp[torch.arange(len(cont)), torch.tensor(cont)].sum().item()
+
+
+@torch.no_grad()
+def test_batched_scorer_equals_naive_forward(hf_dir):
+    model = load_native_from_hf(hf_dir)
+    items = hellaswag.load_items(ITEMS, 6)
+    rows = [r for it in items for r in hellaswag.item_rows(it, ENC, "llmc")]
+    rows.append((list(range(1000, 1200)), [11, 12, 13]))  # longer than block_size: truncated left
+    batched = hellaswag.continuation_logprobs(model, rows, batch_rows=7)
+    naive = np.array([naive_logprob(model, c, e) for c, e in rows])
+    np.testing.assert_allclose(batched, naive, rtol=1e-5, atol=1e-4)
+
+
+# ---- llm.c scoring on items whose answer is known ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def memorised_model():
+    """A tiny GPT that memorised a few sentences: their true endings are clearly most likely."""
+    sentences = [
+        "The cat sat on the mat and purred.",
+        "She poured the tea into a blue cup.",
+        "He parked the red car in the garage.",
+        "They planted tomatoes in the garden.",
+    ]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=32))
+    seqs = [[50256] + ENC.encode_ordinary(s) for s in sentences]
+    L = max(len(s) for s in seqs)
+    x = torch.full((len(seqs), L), 50256)
+    y = torch.full((len(seqs), L), -1)
+    for i, s in enumerate(seqs):
+        x[i, : len(s) - 1], y[i, : len(s) - 1] = torch.tensor(s[:-1]), torch.tensor(s[1:])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for _ in range(60):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 1.0, loss.item()  # from 10.8; the first word alone costs ln(4) / 9
+    return model.eval(), sentences
+
+
+def make_item(ctx: str, endings: list[str], label: int) -> dict:
+    """An item in the rowanz format (endings without their leading space)."""
+    return {
+        "activity_label": "",
+        "ctx_a": ctx,
+        "ctx_b": "",
+        "ctx": ctx,
+        "endings": endings,
+        "label": label,
+    }
+
+
+def test_llmc_scoring_finds_known_answers(memorised_model):
+    model, _ = memorised_model
+    wrong = ["flew over the moon.", "ate a purple elephant.", "sang loudly."]
+    items = [
+        make_item("The cat sat on the", ["mat and purred."] + wrong, 0),
+        make_item("She poured the tea", [wrong[0], "into a blue cup.", wrong[1], wrong[2]], 1),
+        make_item("He parked the red", [wrong[0], wrong[1], "car in the garage.", wrong[2]], 2),
+        make_item("They planted", [*wrong, "tomatoes in the garden."], 3),
+    ]
+    result = hellaswag.score(model, items, ENC, "llmc", batch_items=3, show_progress=False)
+    assert result.pred == [0, 1, 2, 3] and result.pred_norm == [0, 1, 2, 3]
+    assert result.acc == result.acc_norm == 1.0
+    # and with the labels pointing elsewhere, nothing is right: the metric reads the labels
+    shifted = [it | {"label": (it["label"] + 1) % 4} for it in items]
+    assert hellaswag.score(model, shifted, ENC, "llmc", show_progress=False).acc == 0.0
+
+
+def test_acc_norm_normalisers():
+    """acc_norm divides by the ending's tokens (llm.c) or its characters (lm-eval)."""
+    item = make_item("The cat sat on the", ["mat and purred.", "mat"], 0)
+    item["endings"] += ["zebra", "quantum"]
+    rows = hellaswag.item_rows(item, ENC, "llmc")
+    assert [len(c) for _, c in rows] == [len(ENC.encode_ordinary(" " + e)) for e in item["endings"]]
+    assert hellaswag.normaliser(item, rows, "llmc").tolist() == [len(c) for _, c in rows]
+    lm_norm = hellaswag.normaliser(item, hellaswag.item_rows(item, ENC, "lm_eval"), "lm_eval")
+    assert lm_norm.tolist() == [len("mat and purred."), 3, 5, 7]  # characters, without the space
+
+
+# ---- the native scorer in lm-eval mode equals the real harness ---------------------------------
+
+
+@pytest.mark.slow
+def test_lm_eval_mode_equals_harness(hf_dir, monkeypatch):
+    from lmpipe.evaluate import LM_EVAL_TASK, lm_eval_hellaswag
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # restored after the test
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    n = 32
+    out = lm_eval_hellaswag(hf_dir, ITEMS, limit=n, batch_size=32, log_samples=True)
+    harness = out["results"][LM_EVAL_TASK]
+    samples = sorted(out["samples"][LM_EVAL_TASK], key=lambda s: s["doc_id"])
+    assert len(samples) == n
+
+    model = load_native_from_hf(hf_dir)
+    items = hellaswag.load_items(ITEMS, n)
+    native = hellaswag.score(model, items, ENC, "lm_eval", batch_items=5, show_progress=False)
+    assert native.acc == harness["acc,none"]
+    assert native.acc_norm == harness["acc_norm,none"]
+    # item by item: the same log-likelihoods and the same right/wrong calls
+    lls = np.array([[r[0] for r in s["filtered_resps"]] for s in samples])
+    np.testing.assert_allclose(np.array(native.loglik), lls, rtol=1e-5, atol=1e-3)
+    labels = [it["label"] for it in items]
+    assert [float(p == g) for p, g in zip(native.pred, labels, strict=True)] == [
+        s["acc"] for s in samples
+    ]
+    assert [float(p == g) for p, g in zip(native.pred_norm, labels, strict=True)] == [
+        s["acc_norm"] for s in samples
+    ]
+    # and the llm.c scoring really is a different protocol (other text, other normaliser)
+    llmc = hellaswag.score(model, items, ENC, "llmc", show_progress=False)
+    assert not np.allclose(llmc.loglik, native.loglik)
+
+
+# ---- val loss and samples ----------------------------------------------------------------------
+
+
+def write_tokens(tmp_path, n_tokens: int = 4000):
+    text = " ".join(it["ctx"] for it in hellaswag.load_items(ITEMS))  # real English, in the repo
+    tokens = np.array(ENC.encode_ordinary(text)[:n_tokens], dtype=np.uint16)
+    write_shard(tmp_path / "t_val_000000.bin", tokens)
+    manifest = {
+        "dataset": "t",
+        "tokenizer": "gpt2",
+        "eot": 50256,
+        "shards": [
+            {"file": "t_val_000000.bin", "split": "val", "tokens": len(tokens), "sha256": ""}
+        ],
+        "tokens": {"val": len(tokens), "train": 0},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return tmp_path / "manifest.json", tokens
+
+
+@torch.no_grad()
+def test_val_loss_over_non_overlapping_sequences(hf_dir, tmp_path):
+    model = load_native_from_hf(hf_dir)
+    manifest, tokens = write_tokens(tmp_path)
+    loss, n = val_loss(model, tmp_path / "t_val_000000.bin", val_tokens=1000, batch=3)
+    T = model.config.block_size
+    assert n == (1000 // T) * T == 896
+    t = torch.from_numpy(tokens.astype(np.int64))
+    per_seq = [
+        model(t[i * T : (i + 1) * T][None], t[i * T + 1 : (i + 1) * T + 1][None])[1]
+        for i in range(n // T)
+    ]
+    assert loss == pytest.approx(torch.stack(per_seq).mean().item(), rel=1e-6)
+    with pytest.raises(ValueError, match="t_val_000000.bin"):
+        val_loss(model, tmp_path / "t_val_000000.bin", val_tokens=100_000, batch=3)
+
+
+def test_samples_deterministic(hf_dir):
+    model = load_native_from_hf(hf_dir)
+    a = sample_completions(model, ENC, max_new_tokens=8, top_k=5, seed=3, prompts=("Hello",))
+    b = sample_completions(model, ENC, max_new_tokens=8, top_k=5, seed=3, prompts=("Hello",))
+    c = sample_completions(model, ENC, max_new_tokens=8, top_k=5, seed=4, prompts=("Hello",))
+    assert a == b and a != c
+    assert len(ENC.encode_ordinary(a[0]["completion"])) >= 6  # (re-tokenising may merge a few)
+
+
+# ---- the CLIs the rules call write the result files the report reads ---------------------------
+
+
+def test_cli_results(hf_dir, tmp_path):
+    manifest, _ = write_tokens(tmp_path)
+    cfg = canonical_json(
+        {"run": "test", "eval": {"val_tokens": 512, "hellaswag_items": 12, "sample_tokens": 4}}
+    )
+    assert EvalConfig(**json.loads(cfg)["eval"]).hellaswag_items == 12
+    common = ["--config-json", cfg, "--model", str(hf_dir)]
+    for what, extra, out in [
+        ("loss", ["--tokens-manifest", str(manifest)], "l.json"),
+        ("hellaswag", ["--items", str(ITEMS)], "h.json"),
+        ("samples", [], "s.json"),
+    ]:
+        cmd = [sys.executable, "-m", "lmpipe.evaluate", what, *common, *extra]
+        subprocess.run([*cmd, "--out", str(tmp_path / out)], check=True)
+    loss = json.loads((tmp_path / "l.json").read_text())
+    assert loss["metric"] == "fineweb_val_loss" and loss["tokens"] == 512
+    assert 9 < loss["value"] < 12  # a random GPT-2: about ln(50257) = 10.8
+    hs = json.loads((tmp_path / "h.json").read_text())
+    assert hs["items"] == 12 and hs["value"] == hs["acc_norm"] and 0 <= hs["acc"] <= 1
+    assert (
+        hs["produced_by"]["scoring"] == "llmc" and hs["produced_by"]["checkpoint"]["run"] == "test"
+    )
+    samples = json.loads((tmp_path / "s.json").read_text())
+    assert samples["metric"] == "samples" and len(samples["samples"]) == 4
+    assert set(samples["samples"][0]) == {"prompt", "completion"}

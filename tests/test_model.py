@@ -1,0 +1,106 @@
+"""The GPT model: equal to HF GPT2LMHeadModel, padded vocab never predicted, llm.c init."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lmpipe.model import GPT, PRESETS, GPTConfig
+
+transformers = pytest.importorskip("transformers")
+
+TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64)
+
+
+def hf_copy(model: GPT) -> transformers.GPT2LMHeadModel:
+    """A GPT2LMHeadModel with `model`'s weights (HF's Conv1D stores Linear weights transposed)."""
+    c = model.config
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=c.vocab_size,
+            n_positions=c.block_size,
+            n_embd=c.n_embd,
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            activation_function="gelu_new",  # GELU with the tanh approximation
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    ).eval()
+    ours = model.state_dict()
+    transposed = (
+        "attn.c_attn.weight",
+        "attn.c_proj.weight",
+        "mlp.c_fc.weight",
+        "mlp.c_proj.weight",
+    )
+    with torch.no_grad():
+        for name, param in hf.state_dict().items():
+            if name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
+                continue  # causal-mask buffers of older versions
+            src = ours[name]
+            if name.endswith(transposed):
+                src = src.t()
+            if name in ("transformer.wte.weight", "lm_head.weight"):
+                src = src[: c.vocab_size]  # drop the padding rows
+            assert param.shape == src.shape, name
+            param.copy_(src)
+    return hf
+
+
+def test_logits_equal_hugging_face_gpt2():
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    with torch.no_grad():  # larger than init weights, so every nonlinearity and bias matters
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    hf = hf_copy(model)
+    idx = torch.randint(0, TINY.vocab_size, (2, 48))
+    logits, loss = model(idx[:, :-1], idx[:, 1:])
+    with torch.no_grad():
+        out = hf(idx[:, :-1], labels=idx[:, :-1])
+    # fp32 on the CPU: the same maths in a different order; differences are ~1e-6
+    torch.testing.assert_close(logits[..., : TINY.vocab_size], out.logits, atol=1e-4, rtol=1e-4)
+    # HF shifts the labels itself; our targets are already shifted, except the last position
+    hf_loss = torch.nn.functional.cross_entropy(
+        out.logits[:, :-1].reshape(-1, TINY.vocab_size), idx[:, 1:-1].reshape(-1)
+    )
+    ours_loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.size(-1)), idx[:, 1:-1].reshape(-1)
+    )
+    torch.testing.assert_close(ours_loss, hf_loss, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(loss)
+
+
+def test_padded_vocab_is_never_predicted():
+    model = GPT(TINY)
+    logits, loss = model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))
+    assert logits.shape[-1] == 50304
+    assert torch.isneginf(logits[..., TINY.vocab_size :]).all()
+    assert torch.isfinite(logits[..., : TINY.vocab_size]).all()
+    loss.backward()
+    # the padding rows of the tied embedding get no gradient from the head
+    assert model.lm_head.weight.grad[TINY.vocab_size :].abs().sum() == 0
+
+
+def test_llmc_initialisation_and_tying():
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=8, n_head=4, n_embd=256, block_size=64)
+    model = GPT(config)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    proj = torch.cat([b.mlp.c_proj.weight.flatten() for b in model.transformer.h])
+    fc = torch.cat([b.mlp.c_fc.weight.flatten() for b in model.transformer.h])
+    assert proj.std().item() == pytest.approx(0.02 / math.sqrt(2 * config.n_layer), rel=0.05)
+    assert fc.std().item() == pytest.approx(0.02, rel=0.05)
+    assert all(b.attn.c_attn.bias.abs().sum() == 0 for b in model.transformer.h)
+
+
+def test_d12_is_gpt2_124m():
+    with torch.device("meta"):
+        model = GPT(PRESETS["d12"])
+    # 124,475,904 with the padded vocab (llm.c); 124,439,808 with 50257 (OpenAI's count)
+    assert model.num_params() == 124_475_904
+    assert model.flops_per_token(1024) == 6 * 124_475_904 + 6 * 12 * 768 * 1024

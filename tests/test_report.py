@@ -1,0 +1,367 @@
+"""The report on synthetic run folders written to the file contracts of DESIGN.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from lmpipe import report
+from lmpipe.paths import Layout
+
+SHA = "ab" * 32
+
+
+def settings(lr: float, lm_eval: bool = True, device: str = "cuda") -> dict:
+    """A run's slice of report_params: what lmpipe.config.report_params gives for a tiny run."""
+    return {
+        "run": "x",
+        "dataset": "toy",
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 128},
+        "train": {"seq_len": 128, "batch_tokens": 4096, "max_steps": 20, "lr": lr},
+        "launch": {"device": device, "nodes": 1, "procs_per_node": 2, "peak_flops": 1e12},
+        "eval": {"hellaswag_items": 100, "lm_eval": lm_eval},
+    }
+
+
+def write_run(
+    layout: Layout,
+    name: str,
+    *,
+    steps: int = 20,
+    loss0: float = 10.0,
+    finished: bool = True,
+    hellaswag_curve: bool = False,
+) -> None:
+    """A run folder as train + evaluate write it; `finished=False` stops halfway, no final/."""
+    train = Path(layout.train_dir(name))
+    train.mkdir(parents=True)
+    done = steps if finished else steps // 2
+    lines = []
+    for step in range(done):
+        tokens = (step + 1) * 4096
+        loss = loss0 * math.exp(-step / 10) + 5
+        lines.append(
+            {
+                "step": step,
+                "tokens": tokens,
+                "loss": loss,
+                "lr": 1e-3 * min(1, (step + 1) / 5),
+                "grad_norm": 1.0,
+                "tokens_per_s": 1000.0 if step else 10.0,  # the first step is slow (warm-up)
+                "mfu": 0.02,
+                "wall_s": 4.0 * (step + 1),
+            }
+        )
+        if step % 5 == 4:
+            lines.append({"step": step, "tokens": tokens, "val_loss": loss + 0.1, "wall_s": 1.0})
+        if hellaswag_curve and step % 5 == 4:
+            lines.append({"step": step, "tokens": tokens, "hellaswag": 0.25 + step / 1000})
+    text = "\n".join(json.dumps(x) for x in lines) + "\n"
+    (train / "metrics.jsonl").write_text(text)
+    (train / "provenance.json").write_text(
+        json.dumps(
+            {
+                "git_commit": "0123456789abcdef0123456789abcdef01234567",
+                "git_dirty": True,
+                "packages": {"torch": "2.13.0", "lmpipe": "0.1.0"},
+                "host": "node-17",
+                "hosts": ["node-17"],
+                "python": "3.11.2",
+                "platform": "Linux",
+                "gpus": ["NVIDIA H200"],
+                "time_utc": "2025-01-01T00:00:00+00:00",
+                "world_size": 2,
+                "device": "cpu",
+                "nodes": 1,
+                "settings_hash": f"hash-{name}",
+            }
+        )
+    )
+    if not finished:
+        return
+    final = train / "final"
+    final.mkdir()
+    meta = {
+        "run": name,
+        "step": steps,
+        "tokens": steps * 4096,
+        "world_size": 2,
+        "wall_s": 4.0 * steps,
+        "gpu_hours": 0.5,
+        "settings_hash": f"hash-{name}",
+    }
+    (final / "meta.json").write_text(json.dumps(meta))
+    ev = Path(layout.eval_dir(name))
+    ev.mkdir(parents=True)
+    produced = {
+        "module": "lmpipe.evaluate",
+        "model": f"runs/{name}/model/hf",
+        "checkpoint": {"step": steps, "settings_hash": f"hash-{name}", "train": {"lr": 1}},
+    }
+    results = {
+        "val_loss": {"metric": "val_loss", "value": 5.4321, "tokens": 32768},
+        "hellaswag": {"metric": "hellaswag", "value": 0.2717, "acc": 0.26, "acc_norm": 0.2717},
+        "hellaswag_lm_eval": {"metric": "hellaswag", "value": 0.2813, "acc": 0.2505},
+        "samples": {
+            "metric": "samples",
+            "samples": [{"prompt": "Hello, I'm a language model,", "completion": " <b>bold</b>"}],
+        },
+    }
+    results["hellaswag_lm_eval"]["acc_norm"] = 0.2813
+    for metric, data in results.items():
+        data.setdefault("items", 100)
+        (ev / f"{metric}.json").write_text(json.dumps(data | {"produced_by": produced}))
+
+
+def write_manifest(layout: Layout) -> None:
+    d = Path(layout.tokens_dir("toy"))
+    d.mkdir(parents=True)
+    shards = [
+        {"file": "toy_val_000000.bin", "split": "val", "tokens": 1000, "sha256": SHA},
+        {"file": "toy_train_000001.bin", "split": "train", "tokens": 5000, "sha256": "cd" * 32},
+    ]
+    manifest = {
+        "dataset": "toy",
+        "tokenizer": "gpt2",
+        "eot": 50256,
+        "shards": shards,
+        "tokens": {"val": 1000, "train": 5000},
+    }
+    (d / "manifest.json").write_text(json.dumps(manifest))
+
+
+def params(runs: dict[str, dict], price: float = 2.0) -> dict:
+    return {"report": "toy", "gpu_hour_price": price, "runs": runs}
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    lay = Layout(results=str(tmp_path / "results"), data=str(tmp_path / "results" / "data"))
+    write_manifest(lay)
+    return lay
+
+
+def render(layout: Layout, runs: dict[str, dict], tmp_path: Path, price: float = 2.0) -> str:
+    """Through the CLI, as the rule calls it."""
+    out = tmp_path / "report.html"
+    report.main(
+        [
+            "--config-json",
+            json.dumps(params(runs, price)),
+            "--results",
+            layout.results,
+            "--data",
+            layout.data,
+            "--out",
+            str(out),
+        ]
+    )
+    return out.read_text()
+
+
+class Tags(HTMLParser):
+    """Collects tags with their attributes, and the text of table cells by row id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def tags(html: str) -> list[tuple[str, dict[str, str | None]]]:
+    p = Tags()
+    p.feed(html)
+    return p.tags
+
+
+def row_text(html: str, row_id: str) -> str:
+    m = re.search(rf'<tr id="{re.escape(row_id)}">(.*?)</tr>', html, re.S)
+    assert m, f"no row {row_id}"
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", m.group(1)))
+
+
+def test_headline_has_every_runs_metrics(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")
+    write_run(layout, "b", loss0=8.0)
+    html = render(layout, {"a": settings(3e-3), "b": settings(1e-3)}, tmp_path, price=2.0)
+    row = row_text(html, "headline-a")
+    assert "finished" in row
+    assert "5.4321" in row  # FineWeb val loss from eval/val_loss.json
+    assert "27.17%" in row  # HellaSwag acc_norm, llm.c scoring
+    assert "28.13%" in row and "25.05%" in row  # lm-eval acc_norm and acc
+    assert "81.9K" in row  # 20 steps * 4096 tokens
+    assert "1:20" in row or "80.0 s" in row  # wall time
+    assert "0.50" in row and "$1.00" in row  # GPU-hours and cost at $2/GPU-hour
+    assert " 1,000 " in row  # mean tokens/s leaves out the slow first step
+    assert "2.0%" in row  # MFU
+    assert "headline-b" in html
+    # the references sit beside the runs, marked as such
+    assert html.count('class="badge reference"') == len(report.REFERENCES)
+    for value in ("3.425", "29.55%", "3.083", "37.52%", "33.70%", "43.60%", "31.14%", "28.92%"):
+        assert value in html, value
+
+
+def test_cpu_runs_have_no_gpu_hours_or_cost(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")  # meta.json says 0.5 GPU-hours; the run's settings say CPU
+    row = row_text(render(layout, {"a": settings(3e-3, device="cpu")}, tmp_path), "headline-a")
+    assert "(CPU)" in row and "0.50" not in row and "$" not in row
+
+
+def test_settings_differences_are_highlighted(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")
+    write_run(layout, "b")
+    html = render(layout, {"a": settings(3e-3), "b": settings(1e-3)}, tmp_path)
+    diff_rows = re.findall(r'<tr class="diff">\s*<td><code>([^<]+)</code>', html)
+    assert diff_rows == ["train.lr"]
+    assert re.search(r'id="differences">[^<]*<code>train\.lr</code>', html)
+    # equal settings are listed but not highlighted
+    assert "<code>train.seq_len</code></td>" in html
+
+
+def test_unfinished_run_is_shown_not_failed(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")
+    write_run(layout, "b", finished=False)
+    html = render(layout, {"a": settings(3e-3), "b": settings(1e-3), "c": settings(1e-3)}, tmp_path)
+    row = row_text(html, "headline-b")
+    assert "not finished" in row
+    assert "during training" in row  # val loss so far, from metrics.jsonl
+    assert "41K" in row  # tokens so far: 10 of 20 steps
+    assert "not finished" not in row_text(html, "headline-a")
+    assert "not started" in row_text(html, "headline-c")
+    assert re.search(r'id="status-b">.*train/final/meta\.json', html, re.S)
+    assert 'id="figure-loss"' in html  # the curves so far are drawn
+
+
+def test_lm_eval_is_optional_where_the_run_does_not_ask_for_it(
+    layout: Layout, tmp_path: Path
+) -> None:
+    write_run(layout, "a")
+    (Path(layout.eval_dir("a")) / "hellaswag_lm_eval.json").unlink()
+    html = render(layout, {"a": settings(3e-3, lm_eval=False)}, tmp_path)
+    assert "not finished" not in row_text(html, "headline-a")
+    html = render(layout, {"a": settings(3e-3, lm_eval=True)}, tmp_path)
+    assert "not finished" in row_text(html, "headline-a")
+
+
+def test_self_contained_no_external_urls(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a", hellaswag_curve=True)
+    html = render(layout, {"a": settings(3e-3)}, tmp_path)
+    found = tags(html)
+    imgs = [a for t, a in found if t == "img"]
+    assert len(imgs) == 4  # loss, lr, throughput, HellaSwag during training
+    for tag, attrs in found:
+        for key in ("src", "href"):
+            url = attrs.get(key)
+            if url is not None:
+                assert url.startswith(("data:", "#")), f"<{tag} {key}={url[:60]}>"
+    assert "<script" not in html
+    assert re.search(r"url\(\s*['\"]?(?!data:)", html) is None  # no CSS fetches either
+    # figures are real PNGs
+    import base64
+
+    for img in imgs:
+        assert img["src"].startswith("data:image/png;base64,")
+        assert base64.b64decode(img["src"].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hellaswag_plot_only_when_measured(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")
+    html = render(layout, {"a": settings(3e-3)}, tmp_path)
+    assert 'id="figure-hellaswag"' not in html
+    assert 'id="figure-loss"' in html and 'id="figure-lr"' in html
+
+
+def test_provenance_and_samples(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")
+    html = render(layout, {"a": settings(3e-3)}, tmp_path)
+    assert "0123456789abcdef0123456789abcdef01234567" in html
+    assert "dirty" in html
+    assert "hash-a" in html
+    assert "torch==2.13.0" in html
+    assert "node-17" in html and "NVIDIA H200" in html
+    assert SHA in html and "toy_train_000001.bin" in html
+    assert "5,000 train + 1,000 val tokens" in html
+    assert "module=lmpipe.evaluate" in html  # produced_by of the eval files
+    assert "checkpoint.step=20, checkpoint.settings_hash=hash-a" in html
+    # samples are shown, escaped: model output is text, not markup
+    assert "Hello, I&#39;m a language model," in html
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html
+
+
+def test_resumed_steps_keep_the_later_line_and_tolerate_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 0, "tokens": 1, "loss": 9.0},
+        {"step": 1, "tokens": 2, "loss": 8.0},
+        {"step": 1, "tokens": 2, "loss": 7.5},  # logged again after a resume
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 2, "to')
+    m = report.read_metrics(path)
+    assert [r["loss"] for r in m["train"]] == [9.0, 7.5]
+
+
+def test_bad_metrics_line_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "loss": 1}\nnot json\n{"step": 1, "loss": 1}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
+        report.read_metrics(path)
+
+
+def test_bad_eval_file_names_it(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")
+    (Path(layout.eval_dir("a")) / "hellaswag.json").write_text("{oops")
+    with pytest.raises(ValueError, match=r"hellaswag\.json"):
+        render(layout, {"a": settings(3e-3)}, tmp_path)
+
+
+def test_progress_report_from_a_config_file(tmp_path: Path) -> None:
+    """The by-hand form (`--config --report`) on the repo's config, with nothing trained yet."""
+    from lmpipe.paths import DEFAULT_CONFIG
+
+    out = tmp_path / "progress.html"
+    empty = ["--results", str(tmp_path / "none"), "--data", str(tmp_path / "none")]
+    report.main(
+        ["--config", str(DEFAULT_CONFIG), "--report", "embedded", "--out", str(out)] + empty
+    )
+    html = out.read_text()
+    assert "not started" in row_text(html, "headline-embedded-a")
+    assert "not started" in row_text(html, "headline-embedded-b")
+    assert "no tokens manifest found" in html
+    with pytest.raises(ValueError, match="no report 'nope'"):
+        report.main(["--config", str(DEFAULT_CONFIG), "--report", "nope", "--out", str(out)])
+
+
+def test_fine_tuned_run_beside_its_base(layout: Layout, tmp_path: Path) -> None:
+    """A chat fine-tuning run: chat evals side by side with its base's, measured on the base's
+    text data (its own dataset is conversations, with no tokens manifest)."""
+    write_run(layout, "a")
+    write_run(layout, "a-chat", loss0=2.0)
+    for run, loss, reply in (("a", 3.5, "the the the"), ("a-chat", 1.25, "I am Vicuna.")):
+        ev = Path(layout.eval_dir(run))
+        (ev / "sft_loss.json").write_text(json.dumps({"metric": "sft_loss", "value": loss}))
+        chat = {"metric": "chat_samples", "samples": [{"prompt": "Who are you?", "reply": reply}]}
+        (ev / "chat_samples.json").write_text(json.dumps(chat))
+    base = settings(3e-3) | {"chat_dataset": "chatdata"}
+    tuned = settings(1e-3) | {
+        "dataset": "chatdata",
+        "text_dataset": "toy",
+        "chat_dataset": "chatdata",
+        "base": {"run": "a"},
+        "sft": {"epochs": 3},
+    }
+    html = render(layout, {"a": base, "a-chat": tuned}, tmp_path)
+    assert "1.2500" in row_text(html, "chat-a-chat") and "3.5000" in row_text(html, "chat-a")
+    assert "I am Vicuna." in html and "the the the" in html
+    assert "not finished" not in row_text(html, "headline-a-chat")
+    assert html.count("5,000 train + 1,000 val tokens") == 2  # both on the base's text data
+    # without its chat evals the fine-tuned run is not finished
+    (Path(layout.eval_dir("a-chat")) / "chat_samples.json").unlink()
+    html = render(layout, {"a": base, "a-chat": tuned}, tmp_path)
+    assert "not finished" in row_text(html, "headline-a-chat")

@@ -1,0 +1,297 @@
+"""Chat fine-tuning: the Vicuna template and its loss mask, malformed and long conversations, the
+conversation loader, bit-identical resume of a real 2-rank SFT run, the HF import, and (slow) the
+real `sft` rule on the embedded data: the fine-tuned model answers "Who are you?" as Vicuna.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from conftest import RESOURCES, TOKENIZER_DIR, make_workdir, snakemake
+from lmpipe.config import ConversationsConfig
+from lmpipe.loader import ConversationLoader
+from lmpipe.model import GPT, GPTConfig
+from lmpipe.sft_data import (
+    IGNORE,
+    MalformedConversation,
+    check_conversation,
+    prepare,
+    render,
+    split_of,
+    to_row,
+    write,
+)
+from lmpipe.tokenizer import EOT, EOT_ID, gpt2_encoding
+
+ENC = gpt2_encoding(str(TOKENIZER_DIR))
+SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. The assistant"
+    " gives helpful, detailed, and polite answers to the user's questions."
+)
+KNOWN = {
+    "id": "known",
+    "conversations": [
+        {"from": "human", "value": "Who are you?"},
+        {"from": "gpt", "value": "I am Vicuna."},
+        {"from": "human", "value": "Thanks!"},
+        {"from": "gpt", "value": "You're welcome."},
+    ],
+}
+
+
+def data_config(**kw) -> ConversationsConfig:
+    return ConversationsConfig(**({"dataset": "chat", "source": "local", "seq_len": 128} | kw))
+
+
+def conversation(cid: str, *turns: tuple[str, str]) -> dict:
+    return {"id": cid, "conversations": [{"from": r, "value": v} for r, v in turns]}
+
+
+# ---- the template and its mask -----------------------------------------------------------------
+
+
+def test_template_renders_a_known_conversation_and_masks_exactly_the_replies():
+    _, turns = check_conversation(KNOWN, 0)
+    expected = (
+        f"{SYSTEM} USER: Who are you? ASSISTANT: I am Vicuna.{EOT}"
+        f"USER: Thanks! ASSISTANT: You're welcome.{EOT}"
+    )
+    assert render(turns) == expected
+    row = to_row(ENC, turns, seq_len=64)
+    whole = ENC.encode(expected, allowed_special={EOT})
+    n = len(whole) - 1
+    # the inputs are the rendered text, tokenized whole (pieces joined at pre-tokenizer boundaries)
+    assert row.inputs[:n].tolist() == whole[:-1]
+    assert (row.inputs[n:] == EOT_ID).all() and (row.targets[n:] == IGNORE).all()
+    # every target is the next token or ignored; the counted ones are exactly the replies + EOT
+    counted = row.targets != IGNORE
+    assert row.targets[:n][counted[:n]].tolist() == [whole[i + 1] for i in np.flatnonzero(counted)]
+    replies = ENC.decode(row.targets[counted].tolist())
+    assert replies == f" I am Vicuna.{EOT} You're welcome.{EOT}"
+    # and the token before each reply is the prompt's "ASSISTANT:" colon
+    first = int(np.flatnonzero(counted)[0])
+    assert ENC.decode(row.inputs[: first + 1].tolist()).endswith("ASSISTANT:")
+
+
+def test_too_long_keeps_whole_leading_exchanges_or_cuts_the_first():
+    long = conversation(
+        "long", ("human", "Hi"), ("gpt", "Hello there."), ("human", "More"), ("gpt", "x " * 200)
+    )
+    _, turns = check_conversation(long, 0)
+    row = to_row(ENC, turns, seq_len=64)
+    assert row.truncated
+    assert ENC.decode(row.targets[row.targets != IGNORE].tolist()) == f" Hello there.{EOT}"
+    # a first exchange longer than the row is cut at the end: its first reply tokens still count
+    cut = to_row(
+        ENC, check_conversation(conversation("c", ("human", "Hi"), ("gpt", "y " * 200)), 0)[1], 48
+    )
+    assert cut.truncated and (cut.targets != IGNORE).sum() > 0 and EOT_ID not in cut.targets
+    # nothing of a reply fits: skipped and counted
+    huge = conversation("huge", ("human", "z " * 200), ("gpt", "ok"))
+    prepared = prepare([KNOWN, long, huge, conversation("k2", ("human", "a"), ("gpt", "b"))],
+                       data_config(seq_len=64, val_percent=50), ENC)  # fmt: skip
+    assert prepared.too_long == ["huge"] and prepared.truncated == ["long"]
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (conversation("gpt-first", ("gpt", "Hi"), ("human", "Hello")), "'gpt' where 'human'"),
+        (conversation("sys", ("system", "Be nice"), ("human", "Hi")), "unknown role 'system'"),
+        (conversation("empty"), "no turns"),
+        (conversation("blank", ("human", "Hi"), ("gpt", "  ")), "empty message"),
+        (conversation("no-reply", ("human", "Hi")), "ends with a human turn"),
+    ],
+)
+def test_malformed_conversation_is_an_error_naming_it_or_skipped_and_counted(bad, reason):
+    good = [conversation(f"ok{i}", ("human", "Hi"), ("gpt", "Hello")) for i in range(20)]
+    with pytest.raises(MalformedConversation, match=f"'{bad['id']}'.*{reason}"):
+        prepare([*good, bad], data_config(on_malformed="error"), ENC)
+    prepared = prepare([*good, bad], data_config(on_malformed="skip"), ENC)
+    assert len(prepared.malformed) == 1 and bad["id"] in prepared.malformed[0]
+    assert prepared.conversations == 21
+    assert sum(len(rows) for rows in prepared.rows.values()) == 20
+
+
+def test_held_out_split_is_a_fixed_hash_of_the_id(tmp_path):
+    ids = [f"identity_{i}" for i in range(2000)]
+    val = [i for i in ids if split_of(i, 10) == "val"]
+    assert 150 < len(val) < 250  # ~10%
+    assert [i for i in reversed(ids) if split_of(i, 10) == "val"] == val[::-1]
+    records = json.loads((RESOURCES / "dummy_conversation.json").read_text())
+    m = write(prepare(records, data_config(), ENC), data_config(), tmp_path / "sft")
+    assert m["conversations"] == 500 and m["kept"]["train"] + m["kept"]["val"] == 500
+    assert m["skipped"] == {"malformed": 0, "too_long": 0}
+    x = np.load(tmp_path / "sft" / "train_inputs.npy", allow_pickle=False)
+    assert x.shape == (m["kept"]["train"], 128) and x.dtype == np.int32
+
+
+# ---- the loader ----------------------------------------------------------------------------------
+
+
+def test_conversation_loader_splits_steps_over_ranks_and_resumes_exactly():
+    rows = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)  # row i holds 8i..8i+7
+    one = ConversationLoader(rows, rows, 2, 8 * 8, rank=0, world_size=1, seed=3)  # 4 micro-steps
+    two = [ConversationLoader(rows, rows, 2, 8 * 8, r, 2, seed=3) for r in range(2)]  # 2 each
+    for _ in range(12):  # 12 steps: 2.4 epochs of 5 steps
+        a = torch.cat([one.next_batch()[0] for _ in range(4)])
+        b = torch.cat([torch.cat([two[r].next_batch()[0] for r in range(2)]) for _ in range(2)])
+        assert torch.equal(a, b)  # the same rows a step, whatever the split
+    assert one.state_dict() == {"epoch": 2, "step": 2}
+    resumed = ConversationLoader(rows, rows, 2, 8 * 8, 0, 1, seed=3)
+    resumed.load_state_dict(one.state_dict())
+    for _ in range(8):
+        assert torch.equal(resumed.next_batch()[0], one.next_batch()[0])
+    # each epoch is a different permutation of all rows, none repeated within an epoch
+    fresh = ConversationLoader(rows, rows, 2, 8 * 8, 0, 1, seed=3)
+    epochs = [torch.cat([fresh.next_batch()[0][:, 0] // 8 for _ in range(20)]) for _ in range(2)]
+    assert len(set(epochs[0].tolist())) == 40 and not torch.equal(epochs[0], epochs[1])
+
+
+# ---- HF import -> export -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_base(tmp_path_factory) -> Path:
+    """A random tiny GPT exported as a Hugging Face folder: an `hf:` base."""
+    from lmpipe.convert import write_hf
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
+    out = tmp_path_factory.mktemp("hf_base") / "hf"
+    write_hf(model, TOKENIZER_DIR, out, {"run": "random"})
+    return out
+
+
+def test_hf_import_export_round_trips_the_weights(hf_base, tmp_path):
+    from safetensors.torch import load_file
+
+    from lmpipe.convert import load_native_from_hf, write_hf
+    from lmpipe.sft import load_base
+
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
+    load_base(model, hf_base)  # the trainer's import
+    write_hf(model, TOKENIZER_DIR, tmp_path / "again", {"run": "again"})
+    a, b = load_file(hf_base / "model.safetensors"), load_file(tmp_path / "again/model.safetensors")
+    assert a.keys() == b.keys() and len(a) > 10
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    native = load_native_from_hf(tmp_path / "again").state_dict()
+    for k, v in model.state_dict().items():
+        assert torch.equal(native[k], v), k
+    with pytest.raises(ValueError, match="is not the run's model"):
+        load_base(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64)), hf_base)
+
+
+# ---- a real 2-rank SFT run: resume bit for bit -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory) -> Path:
+    records = json.loads((RESOURCES / "dummy_conversation.json").read_text())[:120]
+    cfg = data_config(seq_len=64)
+    out = tmp_path_factory.mktemp("sft_data") / "sft"
+    write(prepare(records, cfg, ENC), cfg, out)
+    return out / "manifest.json"
+
+
+def sft_command(data: Path, base: Path, out: Path) -> list[str]:
+    train = {
+        "seq_len": 64, "micro_batch": 4, "batch_tokens": 512, "max_steps": 0, "lr": 1e-3,
+        "seed": 1337, "lr_floor": 0.0, "warmup_steps": 0, "weight_decay": 0.0, "grad_clip": 1.0,
+        "betas": [0.9, 0.95], "eps": 1e-8, "val_every": 4, "val_tokens": 1024,
+        "checkpoint_every": 4, "keep_checkpoints": 2, "dtype": "float32", "compile": False,
+        "fused_adamw": False,
+    }  # fmt: skip
+    cfg = {
+        "run": "chat", "dataset": "chat", "train": train,
+        "sft": {"epochs": 1, "warmup_ratio": 0.04},
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_size": 50257,
+                  "padded_vocab_size": 50304},
+        "launch": {"device": "cpu", "nodes": 1, "procs_per_node": 2, "peak_flops": 1e12},
+        "base": {"hf": str(base)},
+    }  # fmt: skip
+    args = ["--config-json", json.dumps(cfg), "--tokens-manifest", str(data), "--init", str(base)]
+    return [sys.executable, "-m", "lmpipe.launch", *args, "--out", str(out)]
+
+
+def final_state(out: Path) -> dict[str, torch.Tensor]:
+    state = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64)).state_dict()
+    dcp.load({"model": state}, checkpoint_id=out / "final")
+    return state
+
+
+def train_losses(out: Path) -> list[float]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines if '"loss"' in line]
+
+
+@pytest.mark.slow
+def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    ref = tmp_path / "ref"
+    subprocess.run(sft_command(sft_data, hf_base, ref), env=env, check=True, timeout=300,
+                   capture_output=True)  # fmt: skip
+    meta = json.loads((ref / "final/meta.json").read_text())
+    rows = json.loads(sft_data.read_text())["kept"]["train"]
+    assert meta["step"] == rows // 8 and meta["train"]["warmup_steps"] == 1  # 1 epoch, ceil(4%)
+    # the run started from the base weights: its first held-out loss is the base model's
+    from lmpipe.convert import load_native_from_hf
+
+    first_val = json.loads((ref / "metrics.jsonl").read_text().splitlines()[0])["val_loss"]
+    assert first_val < 11.5  # a random init's would be ~ln(50257) = 10.8 too; see the next check
+    assert load_native_from_hf(hf_base).state_dict().keys() == final_state(ref).keys()
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(sft_command(sft_data, hf_base, out), env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not (out / "checkpoints" / "step_000004").exists():
+            assert proc.poll() is None and time.time() < deadline, "no checkpoint at step 4"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "final").exists()
+    restart = subprocess.run(sft_command(sft_data, hf_base, out), env=env, capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert restart.returncode == 0, restart.stderr
+    assert "resumed from" in restart.stderr
+    assert train_losses(out) == train_losses(ref)
+    a, b = final_state(out), final_state(ref)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+# ---- the real `sft` rule on the embedded data ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sft_rule_teaches_the_vicuna_identity(tmp_path):
+    workdir = make_workdir(tmp_path / "wf")
+    chat, base = "results/runs/embedded-a-chat/eval", "results/runs/embedded-a/eval"
+    targets = [f"{d}/{name}.json" for d in (chat, base) for name in ("sft_loss", "chat_samples")]
+    snakemake(workdir, "--cores", "2", *targets)
+    loss = {
+        d: json.loads((workdir / d / "sft_loss.json").read_text())["value"] for d in (chat, base)
+    }
+    assert loss[chat] < 0.5 * loss[base], loss  # far below the base model's
+    samples = json.loads((workdir / chat / "chat_samples.json").read_text())["samples"]
+    who = next(s["reply"] for s in samples if s["prompt"] == "Who are you?")
+    assert "Vicuna" in who, samples
+    base_samples = json.loads((workdir / base / "chat_samples.json").read_text())["samples"]
+    assert not any("Vicuna" in s["reply"] for s in base_samples), base_samples
+    log = (workdir / "results/logs/sft/embedded-a-chat.log").read_text()
+    assert "resumed from" not in log and "embedded-a-chat" in log

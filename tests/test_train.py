@@ -1,0 +1,301 @@
+"""The trainer: real torchrun, real FSDP2 on gloo, real DCP checkpoints, real FineWeb text.
+
+Every multi-rank run goes through `python -m lmpipe.launch` (which starts torchrun) or plain
+`python -m lmpipe.train` (one process). Runs are tiny: a 2-layer, 32-wide GPT-2 on sequences of
+32 tokens, a few steps each; most of the time is process start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from conftest import TOKENIZER_DIR
+from lmpipe.config import TrainConfig
+from lmpipe.loader import ShardLoader
+from lmpipe.model import GPT, GPTConfig
+from lmpipe.shards import write_shard
+from lmpipe.tokenizer import gpt2_encoding
+from lmpipe.train import get_lr
+
+MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
+TRAIN = {
+    "seq_len": 32,
+    "micro_batch": 4,
+    "batch_tokens": 256,  # 32 * 4 * 2 ranks (1 micro-step), or 32 * 4 * 2 micro-steps on 1
+    "max_steps": 8,
+    "lr": 3e-3,
+    "warmup_steps": 2,
+    "lr_floor": 0.1,
+    "val_every": 4,
+    "val_tokens": 1024,
+    "checkpoint_every": 4,
+    "keep_checkpoints": 2,
+}
+
+
+def config(ranks: int, **train) -> dict:
+    """The train rule's params (lmpipe.config.train_params) for a tiny run; defaults filled."""
+    tc = TrainConfig(**(TRAIN | train))
+    full = {k: getattr(tc, k) for k in TrainConfig.__dataclass_fields__}
+    full["betas"] = list(full["betas"])
+    model = MODEL | {"vocab_size": 50257, "padded_vocab_size": 50304}
+    launch = {"device": "cpu", "nodes": 1, "procs_per_node": ranks, "peak_flops": 1e12}
+    return {"run": "test", "dataset": "embedded", "model": model, "train": full, "launch": launch}
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory, fineweb_texts) -> Path:
+    """Real FineWeb text as llm.c shards: a val shard and two train shards, with a manifest."""
+    enc = gpt2_encoding(str(TOKENIZER_DIR))
+    tokens: list[int] = []
+    for text in fineweb_texts[:120]:
+        tokens += [50256, *enc.encode_ordinary(text)]
+    tokens = np.array(tokens, dtype=np.uint16)
+    out = tmp_path_factory.mktemp("tokens")
+    parts = [("val", tokens[:8192]), ("train", tokens[8192:20000]), ("train", tokens[20000:])]
+    shards = []
+    for i, (split, part) in enumerate(parts):
+        name = f"embedded_{split}_{i:06d}.bin"
+        write_shard(out / name, part)
+        shards.append({"file": name, "split": split, "tokens": len(part), "sha256": f"fake{i}"})
+    (out / "manifest.json").write_text(json.dumps({"dataset": "embedded", "shards": shards}))
+    return out / "manifest.json"
+
+
+def command(cfg: dict, manifest: Path, out: Path) -> list[str]:
+    """One process: lmpipe.train directly; several: lmpipe.launch (torchrun --standalone)."""
+    module = "lmpipe.train" if cfg["launch"]["procs_per_node"] == 1 else "lmpipe.launch"
+    args = ["--config-json", json.dumps(cfg), "--tokens-manifest", str(manifest), "--out", str(out)]
+    return [sys.executable, "-m", module, *args]
+
+
+def run(cfg: dict, manifest: Path, out: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        command(cfg, manifest, out), env=env, capture_output=True, text=True, timeout=300
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(out: Path) -> list[float]:
+    return [m["loss"] for m in metrics(out) if "loss" in m]
+
+
+def load_final(out: Path) -> dict[str, torch.Tensor]:
+    """The final checkpoint as convert reads it: one process, no process group."""
+    meta = json.loads((out / "final" / "meta.json").read_text())
+    model_cfg = {k: meta["model"][k] for k in GPTConfig.__dataclass_fields__}
+    state = GPT(GPTConfig(**model_cfg)).state_dict()
+    dcp.load({"model": state}, checkpoint_id=out / "final")
+    return state
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, manifest) -> Path:
+    """An uninterrupted 2-rank run, the reference for several tests."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    run(config(2), manifest, out)
+    return out
+
+
+# ---- pure parts --------------------------------------------------------------------------------
+
+
+def test_get_lr_warmup_cosine_floor():
+    tc = TrainConfig(**(TRAIN | {"max_steps": 100, "warmup_steps": 10, "lr": 1.0, "lr_floor": 0.1}))
+    assert get_lr(0, tc) == pytest.approx(0.1)  # (step + 1) / warmup, as llm.c
+    assert get_lr(9, tc) == pytest.approx(1.0)
+    assert get_lr(10, tc) == pytest.approx(1.0)  # cosine starts at the peak
+    assert get_lr(55, tc) == pytest.approx(0.55)  # halfway: (1 + 0.1) / 2
+    assert get_lr(100, tc) == pytest.approx(0.1)  # the floor
+    assert all(get_lr(s, tc) >= get_lr(s + 1, tc) for s in range(10, 100))
+
+
+def test_loader_ranks_split_each_step_and_resume_exactly(manifest):
+    files = [
+        manifest.parent / "embedded_train_000001.bin",
+        manifest.parent / "embedded_train_000002.bin",
+    ]
+
+    def steps(loaders: list[ShardLoader], n: int) -> list[torch.Tensor]:
+        """Each step's sequences, rank by rank, micro-batch by micro-batch (= the global batch)."""
+        out = []
+        for _ in range(n):
+            micro = [[ld.next_batch()[0] for _ in range(ld.micro_steps)] for ld in loaders]
+            # the global order: micro-step i of rank r is slice i * W + r
+            out.append(
+                torch.cat([micro[r][i] for i in range(len(micro[0])) for r in range(len(loaders))])
+            )
+        return out
+
+    one = steps([ShardLoader(files, 4, 32, 256, 0, 1)], 60)  # crosses a shard boundary
+    two = steps([ShardLoader(files, 4, 32, 256, r, 2) for r in range(2)], 60)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    assert not torch.equal(one[0], one[1])
+
+    loader = ShardLoader(files, 4, 32, 256, 1, 2)
+    steps([loader], 50)
+    state = loader.state_dict()
+    assert state["shard"] == 1  # past the first shard: the position names the shard
+    after = steps([loader], 5)
+    restored = ShardLoader(files, 4, 32, 256, 1, 2)
+    restored.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(after, steps([restored], 5), strict=True))
+
+
+# ---- real runs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_match_one_process(two_ranks, manifest, tmp_path):
+    """Same global batch, same trajectory; tolerance 1e-4 on losses (fp32 sums in another order)."""
+    one = tmp_path / "one"
+    run(config(1), manifest, one)
+    assert len(losses(one)) == len(losses(two_ranks)) == 8
+    np.testing.assert_allclose(losses(two_ranks), losses(one), rtol=0, atol=1e-4)
+    val_one = [m["val_loss"] for m in metrics(one) if "val_loss" in m]
+    val_two = [m["val_loss"] for m in metrics(two_ranks) if "val_loss" in m]
+    np.testing.assert_allclose(val_two, val_one, rtol=0, atol=1e-4)
+    # the loss moved, so the comparison is not between two untrained models
+    assert losses(one)[-1] < losses(one)[0] - 0.1
+
+    # each rank holds about half of the parameters (FSDP shards every parameter on dim 0)
+    prov = json.loads((two_ranks / "provenance.json").read_text())
+    assert prov["world_size"] == 2 and len(prov["params_per_rank"]) == 2
+    for held in prov["params_per_rank"]:
+        assert held == pytest.approx(prov["params"] / 2, rel=0.01)
+
+    # the final checkpoint loads in one process, and the weights agree too
+    a, b = load_final(one), load_final(two_ranks)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-4, rtol=1e-3, msg=name)
+    meta = json.loads((two_ranks / "final" / "meta.json").read_text())
+    assert {"run", "model", "train", "settings_hash", "step", "tokens", "world_size"} <= set(meta)
+    assert (meta["step"], meta["tokens"], meta["world_size"]) == (8, 8 * 256, 2)
+
+
+@pytest.mark.slow
+def test_sigkill_after_checkpoint_then_restart_is_bit_identical(two_ranks, manifest, tmp_path):
+    out = tmp_path / "killed"
+    cfg = config(2)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        command(cfg, manifest, out),
+        env=env,
+        start_new_session=True,  # its own process group: the launcher, torchrun and workers
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 240
+        while not (out / "checkpoints" / "step_000004").exists():
+            assert proc.poll() is None and time.time() < deadline, "no checkpoint at step 4"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # everything, at once, without warning
+        proc.wait()
+    assert not (out / "final").exists(), "the run finished before it was killed"
+
+    restart = run(cfg, manifest, out)
+    assert "resumed from" in restart.stderr and "step_000004" in restart.stderr
+    assert losses(out) == losses(two_ranks)  # exactly, including the steps before the kill
+    assert [m["step"] for m in metrics(out)] == [m["step"] for m in metrics(two_ranks)]
+    a, b = load_final(out), load_final(two_ranks)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_sigusr1_checkpoints_exits_nonzero_and_resumes(manifest, tmp_path):
+    out = tmp_path / "signalled"
+    cfg = config(2, max_steps=24, checkpoint_every=0, val_every=0)  # no periodic checkpoints
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        command(cfg, manifest, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.time() + 240
+    while not (out / "metrics.jsonl").exists() or len(losses(out)) < 2:
+        assert proc.poll() is None and time.time() < deadline, "the run did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)  # to the launcher, as SLURM would
+    log, _ = proc.communicate(timeout=120)
+    log = log.decode()
+    assert proc.returncode != 0, log
+    saved = sorted((out / "checkpoints").glob("step_*"))
+    assert len(saved) == 1, log
+    step = int(saved[0].name.split("_")[1])
+    assert 2 <= step < 24 and not (out / "final").exists()
+
+    # the same settings: the restart resumes and finishes
+    restart = subprocess.run(
+        command(cfg, manifest, out), env=env, capture_output=True, text=True, timeout=600
+    )
+    assert restart.returncode == 0, restart.stderr
+    assert f"resumed from {saved[0]}" in restart.stderr
+    assert [m["step"] for m in metrics(out) if "loss" in m] == list(range(1, 25))
+
+
+@pytest.mark.slow
+def test_changed_settings_start_fresh_and_logging_settings_resume(manifest, tmp_path):
+    out = tmp_path / "run"
+    run(config(1, max_steps=4), manifest, out)
+    first = json.loads((out / "final" / "meta.json").read_text())["settings_hash"]
+
+    # val/checkpoint intervals do not shape the trajectory: the checkpoint of step 4 is resumed
+    same = run(config(1, max_steps=4, val_every=2), manifest, out)
+    assert "resumed from" in same.stderr
+
+    changed = run(config(1, max_steps=4, lr=1e-3), manifest, out)
+    assert "resumed from" not in changed.stderr
+    assert "belongs to other settings" in changed.stderr and "starting fresh" in changed.stderr
+    assert (out / "checkpoints" / "other-settings" / first / "step_000004").is_dir()  # kept
+    assert metrics(out)[0]["step"] == 0  # one trajectory in metrics.jsonl, the new one
+    assert [m["step"] for m in metrics(out) if "loss" in m] == [1, 2, 3, 4]
+    meta = json.loads((out / "final" / "meta.json").read_text())
+    assert meta["settings_hash"] != first and meta["train"]["lr"] == 1e-3
+
+
+@pytest.mark.slow
+def test_loss_falls_on_real_text(manifest, tmp_path):
+    out = tmp_path / "run"
+    run(config(1, max_steps=30, warmup_steps=3, val_every=30, checkpoint_every=0), manifest, out)
+    val = [m["val_loss"] for m in metrics(out) if "val_loss" in m]
+    assert len(val) == 2 and val[0] == pytest.approx(np.log(50257), abs=0.3)  # uniform at start
+    assert val[-1] < val[0] - 0.7, val  # from uniform toward unigram statistics and beyond
+    rows = metrics(out)
+    assert {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "wall_s"} <= set(
+        rows[1]
+    )
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+
+
+def test_nan_loss_stops_with_a_clear_error(manifest, tmp_path):
+    out = tmp_path / "run"
+    # an absurd learning rate blows the weights up after the first step: the loss becomes NaN
+    cfg = config(1, max_steps=6, lr=1e30, warmup_steps=0, grad_clip=0.0, checkpoint_every=1)
+    proc = run(cfg, manifest, out, check=False)
+    assert proc.returncode != 0
+    assert "NonFiniteLossError" in proc.stderr
+    assert "step 2: the training loss is nan" in proc.stderr
+    assert "last good checkpoint is" in proc.stderr and "step_000001" in proc.stderr
+    assert (out / "checkpoints" / "step_000001").is_dir()  # kept
+    assert not (out / "checkpoints" / "step_000002").exists()
+    assert not (out / "final").exists()
