@@ -418,4 +418,11 @@ def report_params(config: dict[str, Any], report: str) -> str:
         | {"text_dataset": text_dataset(config, r), "chat_dataset": chat_dataset(config, r)}
         for r in rep["runs"]
     }
-    return canonical_json({"report": report, "gpu_hour_price": rep["gpu_hour_price"], "runs": runs})
+    return canonical_json(
+        {
+            "report": report,
+            "gpu_hour_price": rep["gpu_hour_price"],
+            "runs": runs,
+            "order": rep["runs"],  # canonical JSON sorts keys: the report's order, kept here
+        }
+    )

@@ -443,7 +443,8 @@ def build_report(params: dict[str, Any], layout: Layout) -> str:
         if key not in params:
             raise ValueError(f"--config-json: missing key {key!r} (expected report_params JSON)")
     price = float(params.get("gpu_hour_price", 0.0))
-    runs = [load_run(layout, name, settings) for name, settings in params["runs"].items()]
+    order = params.get("order", list(params["runs"]))
+    runs = [load_run(layout, name, params["runs"][name]) for name in order]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(REPORT_TEMPLATES),
         autoescape=True,

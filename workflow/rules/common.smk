@@ -12,7 +12,9 @@ from snakemake.utils import validate
 LMPIPE_SRC = os.path.join(workflow.basedir, "workflow")
 sys.path.insert(0, LMPIPE_SRC)
 # (the prefix is formatted like a shell command: doubled braces are the shell's own)
-shell.prefix("export PYTHONPATH=" + shlex.quote(LMPIPE_SRC) + "${{PYTHONPATH:+:$PYTHONPATH}}; ")
+shell.prefix(
+    "export PYTHONPATH=" + shlex.quote(LMPIPE_SRC) + "${{PYTHONPATH:+:$PYTHONPATH}}; "
+)
 
 from lmpipe import config as lmconfig
 
@@ -71,3 +73,53 @@ def get_report_inputs(wildcards):
         {LAYOUT.tokens_manifest(lmconfig.text_dataset(config, r)) for r in runs}
     )
     return finals + evals + manifests
+
+
+# SLURM resources of the training rules (train, sft), from a run's launch settings
+
+
+def get_train_gres(wildcards):
+    """GPUs a node (--gres=gpu[:model]:N) for a CUDA run; None (no GPUs) for a CPU run."""
+    launch = get_run(wildcards).launch
+    if launch.device != "cuda":
+        return None
+    model = f"{launch.gpu_model}:" if launch.gpu_model else ""
+    return f"gpu:{model}{launch.procs_per_node}"
+
+
+def get_train_tasks(wildcards):
+    """Several nodes: one task (one torchrun) a node; one node: the plugin's default."""
+    nodes = get_run(wildcards).launch.nodes
+    return nodes if nodes > 1 else None
+
+
+def get_train_signal(wildcards):
+    """SIGTERM to the job steps signal_seconds before the time limit: checkpoint, fail, retry."""
+    return f"--signal=TERM@{get_run(wildcards).launch.signal_seconds}"
+
+
+# ---- chat fine-tuning (sft.smk) ----
+
+CONVERSATION_DATASETS = (
+    "|".join(d for d in config["datasets"] if lmconfig.is_conversations(config, d))
+    or "^$"
+)
+CHAT_EVAL_RUNS = (
+    "|".join(r for r in config["runs"] if lmconfig.chat_dataset(config, r)) or "^$"
+)
+
+
+def get_conversations_source(wildcards):
+    """The local ShareGPT file (a change reruns the preparation); none for a hub dataset."""
+    d = config["datasets"][wildcards.dataset]
+    return d["path"] if d["source"] == "local" else []
+
+
+def get_sft_base(wildcards):
+    """The initial weights: the base run's final checkpoint, or a Hugging Face folder."""
+    base = get_run(wildcards).base
+    return LAYOUT.final_checkpoint(base.run) if base.run else base.hf
+
+
+def get_chat_manifest(wildcards):
+    return LAYOUT.sft_manifest(lmconfig.chat_dataset(config, wildcards.run))

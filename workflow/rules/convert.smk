@@ -7,14 +7,14 @@ rule convert:
     output:
         hf=directory(LAYOUT.hf_dir("{run}")),
         llmc=LAYOUT.llmc_file("{run}"),
-    params:
-        tokenizer=config["tokenizer"],
     log:
         LAYOUT.log("convert", "{run}"),
     benchmark:
         LAYOUT.benchmark("convert", "{run}")
     conda:
         "../../envs/convert.yaml"
+    params:
+        tokenizer=config["tokenizer"],
     shell:
         "python -m lmpipe.convert --checkpoint {input.final:q} --tokenizer {params.tokenizer:q}"
         " --hf-out {output.hf:q} --llmc-out {output.llmc:q} > {log} 2>&1"

@@ -8,15 +8,15 @@ rule evaluate_loss:
         tokens=get_tokens_manifest,
     output:
         LAYOUT.eval_file("{run}", "val_loss"),
-    params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
-    threads: 2
     log:
         LAYOUT.log("evaluate_loss", "{run}"),
     benchmark:
         LAYOUT.benchmark("evaluate_loss", "{run}")
     conda:
         "../../envs/evaluate.yaml"
+    threads: 2
+    params:
+        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     shell:
         "python -m lmpipe.evaluate loss --config-json {params.cfg:q} --model {input.hf:q}"
         " --tokens-manifest {input.tokens:q} --out {output:q} > {log} 2>&1"
@@ -28,15 +28,15 @@ rule evaluate_hellaswag:
         hellaswag=get_hellaswag_file,
     output:
         LAYOUT.eval_file("{run}", "hellaswag"),
-    params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
-    threads: 2
     log:
         LAYOUT.log("evaluate_hellaswag", "{run}"),
     benchmark:
         LAYOUT.benchmark("evaluate_hellaswag", "{run}")
     conda:
         "../../envs/evaluate.yaml"
+    threads: 2
+    params:
+        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     shell:
         "python -m lmpipe.evaluate hellaswag --config-json {params.cfg:q} --model {input.hf:q}"
         " --items {input.hellaswag:q} --out {output:q} > {log} 2>&1"
@@ -48,15 +48,15 @@ rule evaluate_lm_eval:
         hellaswag=get_hellaswag_file,
     output:
         LAYOUT.eval_file("{run}", "hellaswag_lm_eval"),
-    params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
-    threads: 2
     log:
         LAYOUT.log("evaluate_lm_eval", "{run}"),
     benchmark:
         LAYOUT.benchmark("evaluate_lm_eval", "{run}")
     conda:
         "../../envs/evaluate.yaml"
+    threads: 2
+    params:
+        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     shell:
         "python -m lmpipe.evaluate lm-eval --config-json {params.cfg:q} --model {input.hf:q}"
         " --items {input.hellaswag:q} --out {output:q} > {log} 2>&1"
@@ -67,14 +67,14 @@ rule sample:
         hf=LAYOUT.hf_dir("{run}"),
     output:
         LAYOUT.eval_file("{run}", "samples"),
-    params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     log:
         LAYOUT.log("sample", "{run}"),
     benchmark:
         LAYOUT.benchmark("sample", "{run}")
     conda:
         "../../envs/evaluate.yaml"
+    params:
+        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
     shell:
         "python -m lmpipe.evaluate samples --config-json {params.cfg:q} --model {input.hf:q}"
         " --out {output:q} > {log} 2>&1"

@@ -3,30 +3,6 @@
 # through convert and evaluate like any run's; an SFT run and its base also get the held-out
 # conversation loss and chat samples (eval/sft_loss.json, eval/chat_samples.json).
 
-CONVERSATION_DATASETS = (
-    "|".join(d for d in config["datasets"] if lmconfig.is_conversations(config, d))
-    or "^$"
-)
-CHAT_EVAL_RUNS = (
-    "|".join(r for r in config["runs"] if lmconfig.chat_dataset(config, r)) or "^$"
-)
-
-
-def get_conversations_source(wildcards):
-    """The local ShareGPT file (a change reruns the preparation); none for a hub dataset."""
-    d = config["datasets"][wildcards.dataset]
-    return d["path"] if d["source"] == "local" else []
-
-
-def get_sft_base(wildcards):
-    """The initial weights: the base run's final checkpoint, or a Hugging Face folder."""
-    base = get_run(wildcards).base
-    return LAYOUT.final_checkpoint(base.run) if base.run else base.hf
-
-
-def get_chat_manifest(wildcards):
-    return LAYOUT.sft_manifest(lmconfig.chat_dataset(config, wildcards.run))
-
 
 rule prepare_conversations:
     input:
@@ -80,7 +56,8 @@ rule sft:
         cfg=lambda wc: lmconfig.sft_params(config, wc.run),
         out=lambda wc: LAYOUT.train_dir(wc.run),
     shell:
-        "python -m lmpipe.launch --config-json {params.cfg:q} --tokens-manifest {input.data:q}"
+        # exec: the launcher replaces the shell, so SLURM's SIGTERM reaches it (see train.smk)
+        "exec python -m lmpipe.launch --config-json {params.cfg:q} --tokens-manifest {input.data:q}"
         " --init {input.base:q} --out {params.out:q} > {log} 2>&1"
 
 

@@ -4,26 +4,6 @@
 # failed job's outputs, and a retried job must find them to resume.
 
 
-def get_train_gres(wildcards):
-    """GPUs a node (--gres=gpu[:model]:N) for a CUDA run; None (no GPUs) for a CPU run."""
-    launch = get_run(wildcards).launch
-    if launch.device != "cuda":
-        return None
-    model = f"{launch.gpu_model}:" if launch.gpu_model else ""
-    return f"gpu:{model}{launch.procs_per_node}"
-
-
-def get_train_tasks(wildcards):
-    """Several nodes: one task (one torchrun) a node; one node: the plugin's default."""
-    nodes = get_run(wildcards).launch.nodes
-    return nodes if nodes > 1 else None
-
-
-def get_train_signal(wildcards):
-    """SIGTERM to the job steps signal_seconds before the time limit: checkpoint, fail, retry."""
-    return f"--signal=TERM@{get_run(wildcards).launch.signal_seconds}"
-
-
 rule train:
     input:
         tokens=get_tokens_manifest,
