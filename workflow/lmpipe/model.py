@@ -2,8 +2,9 @@
 
 Learned positions, pre-LayerNorm blocks, GELU (tanh), tied token embedding and LM head, attention
 through `F.scaled_dot_product_attention` (flash attention on GPUs). The vocabulary is padded to
-50304 (a multiple of 128) for speed as llm.c does; the padded logits are never predicted (masked
-to -inf). Initialisation is llm.c's: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer).
+50304 (a multiple of 128) for speed as llm.c does; the padding is never predicted (the head
+projects onto the first vocab_size rows only). Initialisation is llm.c's: N(0, 0.02), residual
+projections scaled by 1/sqrt(2 * n_layer).
 
 Parameter names equal nanoGPT's and Hugging Face GPT2LMHeadModel's (less `lm_head.weight`, tied).
 """
@@ -130,7 +131,7 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, padded_vocab) with the padding masked to -inf, and the mean loss."""
+        """Logits (B, T, vocab_size) in fp32 (for a stable softmax), and the mean loss."""
         B, T = idx.size()
         assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
@@ -138,11 +139,9 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)
-        logits = self.lm_head(x).float()  # (B, T, Vp); fp32 for a stable softmax
-        if self.config.padded_vocab_size > self.config.vocab_size:
-            # the padding is never predicted; masked_fill (not in place) keeps autograd simple
-            padding = torch.arange(logits.size(-1), device=logits.device) >= self.config.vocab_size
-            logits = logits.masked_fill(padding, float("-inf"))
+        # The padding rows of the tied weight are never predicted: project onto the real vocab
+        # only. Cheaper than masking padded logits to -inf (one pass less over B*T*V floats).
+        logits = F.linear(x, self.lm_head.weight[: self.config.vocab_size]).float()  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(

@@ -25,7 +25,7 @@ def generate(
     for _ in range(max_new_tokens):
         idx_cond = idx[:, -model.config.block_size :]  # crop to the context the model has
         logits, _ = model(idx_cond)
-        logits = logits[:, -1, :]  # (B, Vp); padded vocab is -inf, never sampled
+        logits = logits[:, -1, :]  # (B, V): the padding is never predicted
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits[logits < v[:, [-1]]] = float("-inf")
         probs = F.softmax(logits, dim=-1)
