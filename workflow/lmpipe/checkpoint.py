@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -133,26 +135,17 @@ class Checkpointer:
         optimizer: torch.optim.Optimizer,
         train_state: dict[str, Any],
     ) -> Path:
-        """Write `step_NNNNNN.tmp/` on all ranks, then rename it (rank 0) and prune old ones."""
+        """Write `step_NNNNNN/` on all ranks (atomically), then prune old ones."""
         final = self.folder / f"{PREFIX}{step:06d}"
-        tmp = final.with_name(final.name + TMP)
+        with atomic_folder(final) as tmp:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+            torch.save(_rng_state(), tmp / f"rng_rank{dist.get_rank():05d}.pt")
+            if dist.get_rank() == 0:
+                state = dict(train_state, step=step, settings_hash=self.settings_hash)
+                (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         if dist.get_rank() == 0:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-        torch.save(_rng_state(), tmp / f"rng_rank{dist.get_rank():05d}.pt")
-        dist.barrier()  # every rank's files are written
-        if dist.get_rank() == 0:
-            state = dict(train_state, step=step, settings_hash=self.settings_hash)
-            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
-            if final.exists():  # a checkpoint of the same step from an earlier attempt
-                shutil.rmtree(final)
-            tmp.rename(final)
             self._prune()
-        dist.barrier()
         return final
 
     def _prune(self) -> None:
@@ -175,20 +168,30 @@ class Checkpointer:
         return json.loads((path / STATE_FILE).read_text())
 
 
-def save_final(folder: str | Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
-    """The contract with convert: DCP `{"model": state dict}` + `meta.json`, renamed at the end."""
-    final = Path(folder)
+@contextmanager
+def atomic_folder(final: Path) -> Iterator[Path]:
+    """All ranks write into `final.tmp/`; once every rank is done, rank 0 renames it to `final`.
+
+    So a checkpoint folder exists only when complete, whatever kills the job while it is written.
+    """
     tmp = final.with_name(final.name + TMP)
     if dist.get_rank() == 0:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=tmp)
-    dist.barrier()
+    yield tmp
+    dist.barrier()  # every rank's files are written
     if dist.get_rank() == 0:
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if final.exists():
+        if final.exists():  # the same step from an earlier attempt
             shutil.rmtree(final)
         tmp.rename(final)
     dist.barrier()
+
+
+def save_final(folder: str | Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
+    """The contract with convert: DCP `{"model": state dict}` + `meta.json`, renamed at the end."""
+    with atomic_folder(Path(folder)) as tmp:
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=tmp)
+        if dist.get_rank() == 0:
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
