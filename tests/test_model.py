@@ -59,7 +59,9 @@ def test_logits_equal_hugging_face_gpt2():
             p.normal_(0.0, 0.3)
     hf = hf_copy(model)
     idx = torch.randint(0, TINY.vocab_size, (2, 48))
-    logits, loss = model(idx[:, :-1], idx[:, 1:])
+    logits, _ = model(idx[:, :-1])
+    no_logits, loss = model(idx[:, :-1], idx[:, 1:])
+    assert no_logits is None  # with targets only the loss leaves the model
     with torch.no_grad():
         out = hf(idx[:, :-1], labels=idx[:, :-1])
     # fp32 on the CPU: the same maths in a different order; differences are ~1e-6
@@ -72,12 +74,18 @@ def test_logits_equal_hugging_face_gpt2():
         logits[:, :-1].reshape(-1, logits.size(-1)), idx[:, 1:-1].reshape(-1)
     )
     torch.testing.assert_close(ours_loss, hf_loss, atol=1e-5, rtol=1e-5)
-    assert torch.isfinite(loss)
+    # the training loss (computed without returning logits) is the cross-entropy of the logits
+    full = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1)
+    )
+    torch.testing.assert_close(loss, full, atol=1e-5, rtol=1e-5)
 
 
 def test_padded_vocab_is_never_predicted():
     model = GPT(TINY)
-    logits, loss = model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    logits, _ = model(idx)
+    _, loss = model(idx, idx)
     assert model.transformer.wte.weight.shape[0] == 50304  # padded as llm.c does
     assert logits.shape[-1] == TINY.vocab_size == 50257  # but only real tokens are predicted
     assert torch.isfinite(logits).all()

@@ -40,6 +40,12 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
+def lm_head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the LM head's fp32 logits x @ weight.T; targets of -1 are ignored."""
+    logits = F.linear(x, weight).float()  # (B, T, V); fp32 for a stable softmax
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -100,6 +106,7 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied (weight tying)
+        self.loss_fn = lm_head_loss  # compile_loss() swaps in a compiled one
         self.init_weights()
 
     @torch.no_grad()
@@ -131,7 +138,10 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, vocab_size) in fp32 (for a stable softmax), and the mean loss."""
+        """(logits (B, T, vocab_size) in fp32, None) without targets; (None, mean loss) with them.
+
+        With targets the (B*T, V) logits stay inside `loss_fn`, where compile can fuse them away.
+        """
         B, T = idx.size()
         assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
@@ -141,10 +151,11 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         # The padding rows of the tied weight are never predicted: project onto the real vocab
         # only. Cheaper than masking padded logits to -inf (one pass less over B*T*V floats).
-        logits = F.linear(x, self.lm_head.weight[: self.config.vocab_size]).float()  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(
-                logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-            )
-        return logits, loss
+        weight = self.lm_head.weight[: self.config.vocab_size]
+        if targets is None:
+            return F.linear(x, weight).float(), None  # (B, T, V)
+        return None, self.loss_fn(x, weight, targets)  # training: logits never leave the loss
+
+    def compile_loss(self) -> None:
+        """torch.compile the LM head + loss: it fuses the softmax into the loss (training only)."""
+        self.loss_fn = torch.compile(lm_head_loss)

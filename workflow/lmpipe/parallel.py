@@ -92,6 +92,8 @@ def parallelize(model: GPT, device: torch.device, dtype: str, compile: bool) -> 
             block.compile()
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)  # moves the parameters to `device`
+    if compile:
+        model.compile_loss()  # the LM head + loss: the biggest op of a small GPT
     return model
 
 
