@@ -12,22 +12,15 @@ Parameter names equal nanoGPT's and Hugging Face GPT2LMHeadModel's (less `lm_hea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from lmpipe.config import ModelConfig
 
-@dataclass(frozen=True)
-class GPTConfig:
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    block_size: int = 1024
-    vocab_size: int = 50257
-    padded_vocab_size: int = 50304
-
+# The model's shape is the config's `models:` entry (one definition, torch-free, in lmpipe.config).
+GPTConfig = ModelConfig
 
 # GPT-2 sizes (llm.c's -d flags) and tiny ones for CPU tests.
 PRESETS: dict[str, GPTConfig] = {
