@@ -66,3 +66,30 @@ def snakemake(workdir: Path, *args: str, timeout: int = 1200, check: bool = True
             f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def kill_at_checkpoint(cmd: list[str], env: dict, out: Path, step: int, timeout: int = 240) -> None:
+    """Start a training command, SIGKILL its whole process group the moment checkpoint `step`
+    exists (the launcher, torchrun and workers at once, without warning), and check it had not
+    finished by then."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,  # its own process group: the launcher, torchrun and workers
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    checkpoint = out / "checkpoints" / f"step_{step:06d}"
+    try:
+        deadline = time.time() + timeout
+        while not checkpoint.exists():
+            assert proc.poll() is None and time.time() < deadline, f"no checkpoint at step {step}"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (out / "final").exists(), "the run finished before it was killed"

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import RESOURCES, TOKENIZER_DIR, make_workdir, snakemake
+from conftest import RESOURCES, TOKENIZER_DIR, kill_at_checkpoint, make_workdir, snakemake
 from lmpipe.config import ConversationsConfig
 from lmpipe.loader import ConversationLoader
 from lmpipe.model import GPT, GPTConfig
@@ -255,17 +253,7 @@ def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
     assert load_native_from_hf(hf_base).state_dict().keys() == final_state(ref).keys()
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen(sft_command(sft_data, hf_base, out), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.time() + 240
-        while not (out / "checkpoints" / "step_000004").exists():
-            assert proc.poll() is None and time.time() < deadline, "no checkpoint at step 4"
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert not (out / "final").exists()
+    kill_at_checkpoint(sft_command(sft_data, hf_base, out), env, out, step=4)
     restart = subprocess.run(sft_command(sft_data, hf_base, out), env=env, capture_output=True,
                              text=True, timeout=300)  # fmt: skip
     assert restart.returncode == 0, restart.stderr

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import TOKENIZER_DIR
+from conftest import TOKENIZER_DIR, kill_at_checkpoint
 from lmpipe.config import TrainConfig
 from lmpipe.loader import ShardLoader
 from lmpipe.model import GPT, GPTConfig
@@ -196,22 +196,7 @@ def test_sigkill_after_checkpoint_then_restart_is_bit_identical(two_ranks, manif
     out = tmp_path / "killed"
     cfg = config(2)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(
-        command(cfg, manifest, out),
-        env=env,
-        start_new_session=True,  # its own process group: the launcher, torchrun and workers
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.time() + 240
-        while not (out / "checkpoints" / "step_000004").exists():
-            assert proc.poll() is None and time.time() < deadline, "no checkpoint at step 4"
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # everything, at once, without warning
-        proc.wait()
-    assert not (out / "final").exists(), "the run finished before it was killed"
+    kill_at_checkpoint(command(cfg, manifest, out), env, out, step=4)
 
     restart = run(cfg, manifest, out)
     assert "resumed from" in restart.stderr and "step_000004" in restart.stderr

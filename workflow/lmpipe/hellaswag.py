@@ -140,17 +140,6 @@ def normaliser(item: dict, rows: list[tuple[list[int], list[int]]], mode: str) -
 # scoring
 
 
-def hidden_states(model: GPT, idx: torch.Tensor) -> torch.Tensor:
-    """GPT.forward up to the final LayerNorm: (B, T) -> (B, T, C); the LM head is applied later,
-    only where an ending is scored."""
-    T = idx.size(1)
-    pos = torch.arange(T, dtype=torch.long, device=idx.device)
-    x = model.transformer.wte(idx) + model.transformer.wpe(pos)
-    for block in model.transformer.h:
-        x = block(x)
-    return model.transformer.ln_f(x)
-
-
 @torch.no_grad()
 def continuation_logprobs(
     model: GPT,
@@ -185,7 +174,7 @@ def continuation_logprobs(
             batch_ids += [b] * n_cont
             positions += range(n_in - n_cont, n_in)  # the positions that predict the ending
             targets += seq[-n_cont:]
-        h = hidden_states(model, idx.to(device))  # (B, L, C)
+        h = model.hidden_states(idx.to(device))  # (B, L, C)
         h = h[torch.tensor(batch_ids, device=device), torch.tensor(positions, device=device)]
         # (N, V): the head's first V rows only, so the vocab padding never enters the softmax
         logits = F.linear(h, model.lm_head.weight[:V]).float()

@@ -128,6 +128,17 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params() + 6 * c.n_layer * c.n_embd * seq_len
 
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """The trunk, up to the final LayerNorm: (B, T) -> (B, T, C). Scorers that need the
+        head at a few positions only (HellaSwag) apply it themselves."""
+        T = idx.size(1)
+        assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.transformer.ln_f(x)
+
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -135,13 +146,7 @@ class GPT(nn.Module):
 
         With targets the (B*T, V) logits stay inside `loss_fn`, where compile can fuse them away.
         """
-        B, T = idx.size()
-        assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
-        x = self.transformer.ln_f(x)
+        x = self.hidden_states(idx)  # (B, T, C)
         # The padding rows of the tied weight are never predicted: project onto the real vocab
         # only. Cheaper than masking padded logits to -inf (one pass less over B*T*V floats).
         weight = self.lm_head.weight[: self.config.vocab_size]
