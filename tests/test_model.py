@@ -94,6 +94,33 @@ def test_padded_vocab_is_never_predicted():
     assert model.lm_head.weight.grad[TINY.vocab_size :].abs().sum() == 0
 
 
+def test_head_on_counted_only_gives_the_same_loss_and_gradients():
+    """Fine-tuning's shortcut (the head on positions whose target is not -1) changes no number."""
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    idx = torch.randint(0, TINY.vocab_size, (3, 40))
+    targets = torch.randint(0, TINY.vocab_size, (3, 40))
+    targets[:, :25] = -1  # a prompt that does not count
+    targets[1, 30:] = -1  # padding
+    results = []
+    for counted_only in (False, True):
+        model.zero_grad()
+        model.head_on_counted_only = counted_only
+        _, loss = model(idx, targets)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (full, full_grads), (counted, counted_grads) = results
+    torch.testing.assert_close(counted, full)
+    for a, b in zip(counted_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b)
+    # and the mean is over counted tokens only: all-ignored but one gives that token's loss
+    targets[:] = -1
+    targets[0, 0] = 7
+    _, one = model(idx, targets)
+    logits, _ = model(idx)
+    torch.testing.assert_close(one, -torch.log_softmax(logits[0, 0], -1)[7])
+
+
 def test_llmc_initialisation_and_tying():
     torch.manual_seed(0)
     config = GPTConfig(n_layer=8, n_head=4, n_embd=256, block_size=64)

@@ -100,6 +100,10 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied (weight tying)
         self.loss_fn = lm_head_loss  # compile_loss() swaps in a compiled one
+        # Fine-tuning sets this: when most targets are -1 (prompts, padding), run the head on the
+        # counted positions only. Same mean loss; off for pretraining, where every token counts
+        # and a data-dependent shape would only cost a host sync on a GPU.
+        self.head_on_counted_only = False
         self.init_weights()
 
     @torch.no_grad()
@@ -152,6 +156,9 @@ class GPT(nn.Module):
         weight = self.lm_head.weight[: self.config.vocab_size]
         if targets is None:
             return F.linear(x, weight).float(), None  # (B, T, V)
+        if self.head_on_counted_only:
+            counted = targets != -1
+            x, targets = x[counted], targets[counted]  # (N, C), (N,)
         return None, self.loss_fn(x, weight, targets)  # training: logits never leave the loss
 
     def compile_loss(self) -> None:

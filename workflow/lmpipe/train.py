@@ -201,6 +201,7 @@ def train(cfg: dict[str, Any], manifest: Path, out: Path, d: Dist, init: Path | 
     # the model: the same seed on every rank gives the same full weights before sharding
     torch.manual_seed(tc.seed)
     model = GPT(GPTConfig(**dataclasses.asdict(model_cfg)))
+    model.head_on_counted_only = "sft" in cfg  # conversations: ~3/4 prompt and padding tokens
     if init is not None:  # fine-tuning; another base's checkpoints are never resumed
         digest = settings_hash([digest, sft.load_base(model, init)])
     model = parallelize(model, d.device, tc.dtype, tc.compile)
