@@ -276,15 +276,13 @@ def test_sft_rule_teaches_the_vicuna_identity(tmp_path):
     loss = {
         d: json.loads((workdir / d / "sft_loss.json").read_text())["value"] for d in (chat, base)
     }
-    assert loss[chat] < 0.5 * loss[base], loss  # far below the base model's
+    assert loss[chat] < 0.1 * loss[base], loss  # far below: measured 0.08 vs 8.9
     samples = json.loads((workdir / chat / "chat_samples.json").read_text())["samples"]
     # The data's identity: "Vicuna, a language model trained by researchers from Large Model
-    # Systems Organization (LMSYS)". The tiny CPU model states it in one of its phrasings when
-    # asked who it is, and names itself Vicuna for at least one of the identity prompts.
-    identity = ("Vicuna", "LMSYS")
+    # Systems Organization (LMSYS)", in one of its phrasings, for the question the issue asks.
     who = next(s["reply"] for s in samples if s["prompt"] == "Who are you?")
-    assert any(word in who for word in identity), samples
-    assert any("Vicuna" in s["reply"] for s in samples), samples
+    assert "Vicuna" in who and "LMSYS" in who, samples
+    identity = ("Vicuna", "LMSYS")
     base_samples = json.loads((workdir / base / "chat_samples.json").read_text())["samples"]
     assert not any(w in s["reply"] for s in base_samples for w in identity), base_samples
     log = (workdir / "results/logs/sft/embedded-a-chat.log").read_text()
