@@ -25,6 +25,7 @@ from lmpipe.sft_data import (
     IGNORE,
     MalformedConversation,
     check_conversation,
+    load_split,
     prepare,
     render,
     split_of,
@@ -245,6 +246,13 @@ def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
     meta = json.loads((ref / "final/meta.json").read_text())
     rows = json.loads(sft_data.read_text())["kept"]["train"]
     assert meta["step"] == rows // 8 and meta["train"]["warmup_steps"] == 1  # 1 epoch, ceil(4%)
+    # MFU counts the head at the counted tokens only (llm.c's formula less the skipped positions)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
+    full, head = model.flops_per_token(64), model.head_flops_per_token()
+    records = [json.loads(line) for line in (ref / "metrics.jsonl").read_text().splitlines()]
+    implied = [r["mfu"] * 1e12 * 2 / r["tokens_per_s"] for r in records if "mfu" in r]
+    counted = float((load_split(sft_data, "train")[1] != IGNORE).mean())  # a quarter or so
+    assert abs(sum(implied) / len(implied) - (full - head * (1 - counted))) < 0.05 * head
     # the run started from the base weights: its first held-out loss is the base model's
     from lmpipe.convert import load_native_from_hf
 

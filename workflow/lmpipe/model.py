@@ -132,6 +132,11 @@ class GPT(nn.Module):
         c = self.config
         return 6 * self.num_params() + 6 * c.n_layer * c.n_embd * seq_len
 
+    def head_flops_per_token(self) -> int:
+        """The LM head's share of flops_per_token (6 * V * C, V padded as num_params counts it):
+        what a position saves when `head_on_counted_only` skips it."""
+        return 6 * self.config.padded_vocab_size * self.config.n_embd
+
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """The trunk, up to the final LayerNorm: (B, T) -> (B, T, C). Scorers that need the
         head at a few positions only (HellaSwag) apply it themselves."""

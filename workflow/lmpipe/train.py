@@ -206,6 +206,7 @@ def train(cfg: dict[str, Any], manifest: Path, out: Path, d: Dist, init: Path | 
         digest = settings_hash([digest, sft.load_base(model, init)])
     model = parallelize(model, d.device, tc.dtype, tc.compile)
     flops_per_token = model.flops_per_token(tc.seq_len)
+    head_flops_per_token = model.head_flops_per_token()
     optimizer = make_optimizer(model, tc)
     if "sft" in cfg:
         loader, val = sft.loaders(manifest, tc, d.rank, d.world_size)
@@ -265,24 +266,26 @@ def train(cfg: dict[str, Any], manifest: Path, out: Path, d: Dist, init: Path | 
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_accum = torch.zeros((), device=d.device)
+        counted = torch.zeros((), device=d.device)  # tokens whose target counts
         for _ in range(accum):
             x, y = loader.next_batch()
             x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
             _, loss = model(x, y)
             loss = loss / accum  # the gradient of the mean over the whole step
             loss_accum += loss.detach()
+            counted += (y != -1).sum()
             loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
         grad_norm = clip_grad_norm(model, tc.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
         tokens += tc.batch_tokens
-        # one all-reduce: the step's loss summed over ranks, and whether any rank got a signal
-        flags = torch.stack(
-            [loss_accum, torch.tensor(float(stop.signal is not None), device=d.device)]
-        )
+        # one all-reduce: the step's loss and counted tokens summed over ranks, and whether any
+        # rank got a signal
+        signalled = torch.tensor(float(stop.signal is not None), device=d.device)
+        flags = torch.stack([loss_accum, signalled, counted])
         dist.all_reduce(flags)
-        loss_value, stop_requested = flags.tolist()  # host sync: waits for the step to finish
+        loss_value, stop_requested, counted_tokens = flags.tolist()  # host sync: the step is done
         loss_value /= d.world_size
         dt = time.time() - t0
         if not math.isfinite(loss_value):
@@ -292,7 +295,10 @@ def train(cfg: dict[str, Any], manifest: Path, out: Path, d: Dist, init: Path | 
                 f" checkpoint is {newest or '(none yet)'}; lower train.lr or check the data."
             )
         tokens_per_s = tc.batch_tokens / dt
-        mfu = flops_per_token * tokens_per_s / (launch["peak_flops"] * d.world_size)
+        step_flops = flops_per_token * tc.batch_tokens  # llm.c's formula
+        if model.head_on_counted_only:  # fine-tuning: the head ran on the counted tokens only
+            step_flops -= head_flops_per_token * (tc.batch_tokens - counted_tokens)
+        mfu = step_flops / dt / (launch["peak_flops"] * d.world_size)
         metrics.write(
             {
                 "step": step,
