@@ -7,7 +7,7 @@ trainer gets `--init` (the base's final checkpoint or a Hugging Face GPT-2 folde
 - the schedule: max_steps = epochs * steps an epoch, warmup = ceil(warmup_ratio * max_steps),
   as Hugging Face's Trainer (which Vicuna's train.py uses) derives them;
 - the initial weights: the base model's, loaded before FSDP shards them;
-- the data: ConversationLoader and the held-out conversations instead of token shards.
+- the data: ConversationLoader and the held-out conversations instead of token shards;
 - the loss: the LM head runs on the counted tokens only (`GPT.head_on_counted_only`); on the
   embedded conversations that is a quarter of them, and a step takes ~4x less time.
 Everything else (FSDP, checkpoints, resume, signals, metrics) is the pretraining code path.

@@ -266,14 +266,15 @@ def train(cfg: dict[str, Any], manifest: Path, out: Path, d: Dist, init: Path | 
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_accum = torch.zeros((), device=d.device)
-        counted = torch.zeros((), device=d.device)  # tokens whose target counts
+        counted = torch.zeros((), device=d.device)  # fine-tuning: tokens the head ran on
         for _ in range(accum):
             x, y = loader.next_batch()
             x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
             _, loss = model(x, y)
             loss = loss / accum  # the gradient of the mean over the whole step
             loss_accum += loss.detach()
-            counted += (y != -1).sum()
+            if model.head_on_counted_only:
+                counted += (y != -1).sum()  # -1: the model's "does not count" target
             loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
         grad_norm = clip_grad_norm(model, tc.grad_clip)
         optimizer.step()
