@@ -1,11 +1,14 @@
 # lmpipe: raw text -> tokens -> GPT-2 (torchrun + FSDP) -> HF/llm.c export -> evals -> report.
+# docs/architecture.md describes the DAG, the lmpipe packages behind each rule and their files.
 #
 # What it writes (paths from config `paths:`; defaults shown):
 #   results/data/{dataset}/raw/          download: raw parquet/jsonl + manifest.json
 #   results/data/{dataset}/tokens/       tokenize: llm.c shards + manifest.json
-#   results/runs/{run}/train/            train: metrics.jsonl, tb/, checkpoints/ (not outputs), final/
+#   results/data/{dataset}/sft/          prepare_conversations: masked chat rows + manifest.json
+#   results/runs/{run}/train/            train (pretraining or fine-tuning): metrics.jsonl, tb/,
+#                                        checkpoints/ (not outputs), final/
 #   results/runs/{run}/model/            convert: hf/ (transformers folder), llmc.bin
-#   results/runs/{run}/eval/             evaluate: *.json (val loss, HellaSwag two ways, samples)
+#   results/runs/{run}/eval/{eval}.json  evaluate: one a lmpipe.registry evaluation
 #   results/report_{report}.html         report: one self-contained HTML file
 #   results/logs/{stage}/...             one log a job
 #
@@ -23,7 +26,6 @@ configfile: "config/config.yaml"
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
-include: "workflow/rules/sft.smk"
 include: "workflow/rules/convert.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"

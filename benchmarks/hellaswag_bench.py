@@ -20,16 +20,28 @@ from pathlib import Path
 
 import torch
 
-from lmpipe import hellaswag
-from lmpipe.convert import load_native_from_hf, write_hf
-from lmpipe.evaluate import LM_EVAL_TASK, TOKENIZER_DIR, default_device, lm_eval_hellaswag
-from lmpipe.model import GPT, PRESETS
-from lmpipe.paths import REPO_ROOT
-from lmpipe.tokenizer import gpt2_encoding
+from lmpipe.config import ModelConfig
+from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval import hellaswag
+from lmpipe.eval.harness import LM_EVAL_TASK, lm_eval_hellaswag
+from lmpipe.eval.results import default_device
+from lmpipe.models import load_hf
+from lmpipe.models.gpt2.hf import write_hf
+from lmpipe.models.gpt2.model import GPT
+from lmpipe.paths import REPO_ROOT, TOKENIZER_DIR
+
+PRESETS: dict[str, ModelConfig] = {  # GPT-2's sizes, and two small ones for the CPU
+    "d12": ModelConfig(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "d24": ModelConfig(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "d36": ModelConfig(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "d48": ModelConfig(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+    "tiny": ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=128),
+    "small": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=256),
+}
 
 
 def native_run(model_dir: Path, items_file: Path, n: int, batch: int, mode: str, device: str):
-    model = load_native_from_hf(model_dir).to(device)
+    model = load_hf(model_dir).to(device)
     items = hellaswag.load_items(items_file, n)
     return hellaswag.score(
         model, items, gpt2_encoding(TOKENIZER_DIR), mode, batch, device, show_progress=False

@@ -1,7 +1,7 @@
 """Fine-tuning step time: the LM head on the counted tokens only vs on every position.
 
 On the embedded conversations (resources/dummy_conversation.json, rendered and masked by
-lmpipe.sft_data) three quarters of a row's targets are -1 (the system line, the user's turns,
+lmpipe.chat.data) three quarters of a row's targets are -1 (the system line, the user's turns,
 padding). `GPT.head_on_counted_only` runs the 50,257-row head on the other quarter; this measures
 what that saves on the embedded chat run's model and step (tiny: 3 layers, 4 heads, 64 wide;
 4 conversations of 128 tokens a step), one process, the same AdamW and clipping as the trainer.
@@ -28,14 +28,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from lmpipe.config import ConversationsConfig, TrainConfig  # noqa: E402
-from lmpipe.loader import ConversationLoader  # noqa: E402
-from lmpipe.model import GPT, GPTConfig  # noqa: E402
-from lmpipe.sft_data import load_split, prepare, write  # noqa: E402
-from lmpipe.tokenizer import gpt2_encoding  # noqa: E402
-from lmpipe.train import clip_grad_norm, get_lr, make_optimizer  # noqa: E402
+from lmpipe.chat.data import load_split, prepare, write  # noqa: E402
+from lmpipe.chat.loader import ConversationLoader  # noqa: E402
+from lmpipe.config import ConversationsConfig, ModelConfig, ScheduleConfig, TrainConfig  # noqa: E402
+from lmpipe.data.tokenizer import gpt2_encoding  # noqa: E402
+from lmpipe.models.gpt2.model import GPT  # noqa: E402
+from lmpipe.registry import AdamWSettings  # noqa: E402
+from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at  # noqa: E402
 
-MODEL = GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=128)  # config.yaml's `tiny`
+MODEL = ModelConfig(n_layer=3, n_head=4, n_embd=64, block_size=128)  # config.yaml's `tiny`
 
 
 def conversations(folder: Path) -> Path:
@@ -50,17 +51,19 @@ def run(manifest: Path, counted_only: bool, args) -> tuple[float, list[float]]:
     """(median step seconds after the warm-up, the losses) of `args.steps` training steps."""
     x, y = load_split(manifest, "train")
     tc = TrainConfig(seq_len=x.shape[1], micro_batch=args.rows, batch_tokens=args.rows * x.shape[1],
-                     max_steps=args.steps, lr=3e-3, warmup_steps=4, weight_decay=0.0)  # fmt: skip
+                     optimizer=AdamWSettings(name="adamw", lr=3e-3, weight_decay=0.0),
+                     max_steps=args.steps, schedule=ScheduleConfig(warmup_steps=4))  # fmt: skip
     torch.manual_seed(0)
     model = GPT(MODEL)
     model.head_on_counted_only = counted_only
-    optimizer = make_optimizer(model, tc)
+    optimizer = build_optimizer(model, tc.optimizer)
+    peak_lrs = [group["lr"] for group in optimizer.param_groups]
     loader = ConversationLoader(x, y, tc.micro_batch, tc.batch_tokens, 0, 1, seed=1337)
     times, losses = [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = get_lr(step, tc)
+        for group, peak in zip(optimizer.param_groups, peak_lrs, strict=True):
+            group["lr"] = lr_at(step, peak, tc.schedule, tc.max_steps)
         xb, yb = loader.next_batch()
         _, loss = model(xb, yb)
         loss.backward()

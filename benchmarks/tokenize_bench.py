@@ -1,8 +1,8 @@
-"""Tokenize throughput and memory: lmpipe.tokenize against llm.c's usual method.
+"""Tokenize throughput and memory: lmpipe.data.tokenize against llm.c's usual method.
 
 Baseline (llm.c `dev/data/fineweb.py`): a process pool calling `encode_ordinary` per document
 (`pool.imap(tokenize, docs, chunksize=16)`), each result turned into a uint16 array.
-Ours: `lmpipe.tokenize` (threads over batches, `encode_to_numpy`, streamed).
+Ours: `lmpipe.data.tokenize` (threads over batches, `encode_to_numpy`, streamed).
 Both on the same cores and the same documents; outputs are checked identical.
 
 Peak memory: the tokenize stage run as its own process (as Snakemake runs it) on the embedded
@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lmpipe.config import TokenizeConfig
-from lmpipe.shards import read_shard
-from lmpipe.tokenize import tokenize
-from lmpipe.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.data.shards import read_shard
+from lmpipe.data.tokenize import tokenize
+from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "resources" / "fineweb_sample.parquet"
@@ -65,8 +65,8 @@ def make_raw(folder: Path, table: pa.Table, name: str) -> Path:
 def peak_rss_mb(raw_manifest: Path, out: Path, workers: int) -> float:
     """Run the stage in its own process and read that process's peak RSS (wait4's rusage)."""
     cfg = json.dumps({"dataset": "bench", "shard_tokens": 1_000_000, "val_tokens": 100_000})
-    cmd = [sys.executable, "-m", "lmpipe.tokenize", "--config-json", cfg, "--raw-manifest",
-           str(raw_manifest), "--tokenizer", TOKENIZER, "--out", str(out),
+    cmd = [sys.executable, "-m", "lmpipe.data", "tokenize", "--config-json", cfg,
+           "--raw-manifest", str(raw_manifest), "--tokenizer", TOKENIZER, "--out", str(out),
            "--workers", str(workers)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -99,7 +99,7 @@ def main() -> None:
         print(f"documents {len(texts)}, tokens {n:,}, workers {args.workers}, "
               f"repeats {args.repeats} (medians); outputs identical")  # fmt: skip
         print(f"baseline (process pool, encode_ordinary per doc): {base_tps:12,.0f} tokens/s")
-        print(f"lmpipe.tokenize (threads, batches, numpy):        {ours_tps:12,.0f} tokens/s")
+        print(f"lmpipe.data.tokenize (threads, batches, numpy):   {ours_tps:12,.0f} tokens/s")
         print(f"ratio: {ours_tps / base_tps:.2f}x")
 
         raw10 = make_raw(tmp / "raw10", pa.concat_tables([table] * 10), "sample10.parquet")

@@ -7,13 +7,15 @@ its median step time after `--warmup` steps, and the figure printed is the media
 
     python benchmarks/train_throughput.py [--threads 2] [--steps 12] [--repeats 3] [--compile]
 
-lmpipe runs for real (`python -m lmpipe.train`, one process, FSDP on a 1-rank gloo group) and
-its tokens/s come from its metrics.jsonl; the HF loop times itself the same way.
+lmpipe runs for real (`python -m lmpipe.train.pretrain`, the trainer's worker as one process,
+FSDP on a 1-rank gloo group) and its tokens/s come from its metrics.jsonl; the HF loop times
+itself the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -34,8 +36,8 @@ def make_tokens(folder: Path) -> Path:
     import pyarrow.parquet as pq
 
     sys.path.insert(0, str(REPO / "workflow"))
-    from lmpipe.shards import write_shard
-    from lmpipe.tokenizer import gpt2_encoding
+    from lmpipe.data.shards import write_shard
+    from lmpipe.data.tokenizer import gpt2_encoding
 
     enc = gpt2_encoding(str(REPO / "resources" / "gpt2"))
     texts = pq.read_table(REPO / "resources" / "fineweb_sample.parquet", columns=["text"])
@@ -53,17 +55,18 @@ def make_tokens(folder: Path) -> Path:
 
 
 def lmpipe_run(args, manifest: Path, out: Path) -> float:
-    """tokens/s of lmpipe.train: the median of its steps after the warm-up."""
-    train = {
-        "seq_len": args.seq_len, "micro_batch": args.micro_batch, "batch_tokens": args.batch_tokens,
-        "max_steps": args.steps, "lr": 1e-3, "warmup_steps": 2, "val_every": 0, "val_tokens": 1024,
-        "checkpoint_every": 0, "compile": args.compile, "fused_adamw": args.fused,
-    }  # fmt: skip
+    """tokens/s of lmpipe's trainer: the median of its steps after the warm-up."""
     sys.path.insert(0, str(REPO / "workflow"))
-    from lmpipe.config import TrainConfig
+    from lmpipe.config import ScheduleConfig, TrainConfig
+    from lmpipe.registry import AdamWSettings
 
-    tc = TrainConfig(**train)
-    full = {k: getattr(tc, k) for k in TrainConfig.__dataclass_fields__} | {"betas": [0.9, 0.95]}
+    tc = TrainConfig(
+        seq_len=args.seq_len, micro_batch=args.micro_batch, batch_tokens=args.batch_tokens,
+        optimizer=AdamWSettings(name="adamw", lr=1e-3, betas=(0.9, 0.95), fused=args.fused),
+        max_steps=args.steps, schedule=ScheduleConfig(warmup_steps=2), val_every=0,
+        val_tokens=1024, checkpoint_every=0, compile=args.compile,
+    )  # fmt: skip
+    full = dataclasses.asdict(tc)  # every setting spelled out, the optimizer's with its name
     cfg = {
         "run": "bench",
         "dataset": "bench",
@@ -72,8 +75,8 @@ def lmpipe_run(args, manifest: Path, out: Path) -> float:
         "launch": {"device": "cpu", "nodes": 1, "procs_per_node": 1, "peak_flops": 1e12},
     }
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    cmd = [sys.executable, "-m", "lmpipe.train", "--config-json", json.dumps(cfg)]
-    cmd += ["--tokens-manifest", str(manifest), "--out", str(out)]
+    cmd = [sys.executable, "-m", "lmpipe.train.pretrain", "--config-json", json.dumps(cfg)]
+    cmd += ["--data", str(manifest), "--out", str(out)]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return statistics.median([r["tokens_per_s"] for r in rows if "loss" in r][args.warmup :])

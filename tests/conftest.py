@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+CONFIG_FILE = REPO / "config" / "config.yaml"
 SHARED_DATA = REPO.parent / "shared" / "data"
 RESOURCES = REPO / "resources"
 TOKENIZER_DIR = RESOURCES / "gpt2"

@@ -1,8 +1,10 @@
-"""The config: schema validation (Snakemake's validate) and the cross-field checks."""
+"""The config: schema validation (Snakemake's validate, then the registry's sections), one-line
+errors that name the YAML path, the cross-field checks, and what each stage's params hold."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -10,8 +12,11 @@ import yaml
 
 from conftest import REPO
 from lmpipe import config as lmconfig
+from lmpipe import schema
+from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
 
 CONFIG = REPO / "config" / "config.yaml"
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
 
 
 @pytest.fixture
@@ -25,48 +30,103 @@ def write(tmp_path, cfg) -> str:
     return str(path)
 
 
+def error_of(tmp_path, cfg) -> str:
+    with pytest.raises(lmconfig.ConfigError) as e:
+        schema.load_config(write(tmp_path, cfg))
+    return str(e.value)
+
+
 def test_shipped_config_is_valid_and_gets_defaults():
-    cfg = lmconfig.load_config(CONFIG)
+    cfg = schema.load_config(CONFIG)
     run = lmconfig.run_config(cfg, "124m")
     # llm.c's GPT-2 124M recipe
+    opt, schedule = run.train.optimizer, run.train.schedule
     assert run.train.batch_tokens == 524288 and run.train.seq_len == 1024
-    assert run.train.lr == 6e-4 and run.train.warmup_steps == 700 and run.train.lr_floor == 0
-    assert run.train.weight_decay == 0.1 and run.train.grad_clip == 1.0
-    assert run.train.betas == (0.9, 0.95)
+    assert opt.name == "adamw" and opt.lr == 6e-4 and opt.fused
+    assert schedule.warmup_steps == 700 and schedule.lr_floor == 0
+    assert opt.weight_decay == 0.1 and run.train.grad_clip == 1.0 and opt.betas == (0.9, 0.95)
     assert run.train.max_steps * run.train.batch_tokens == pytest.approx(10e9, rel=0.001)
     assert run.train.grad_accum_steps(run.launch.world_size) == 1
+    assert run.model.arch == "gpt2"
     big = lmconfig.run_config(cfg, "350m")
-    assert big.train.lr == 3e-4 and big.train.max_steps == 60000
+    assert big.train.optimizer.lr == 3e-4 and big.train.max_steps == 60000
     assert big.train.max_steps * big.train.batch_tokens == pytest.approx(31.5e9, rel=0.01)
     assert cfg["datasets"]["fineweb10B"]["name"] == "sample-10BT"
     assert cfg["datasets"]["fineweb100B"]["name"] == "sample-100BT"
-    # a default the schema fills in
+    # defaults the schema and the registry's sections fill in
     assert cfg["runs"]["embedded-a"]["train"]["seed"] == 1337
+    assert cfg["runs"]["embedded-a"]["train"]["optimizer"]["weight_decay"] == 0.1
+    assert cfg["runs"]["embedded-a"]["eval"]["samples"] == {"tokens": 48, "top_k": 50, "seed": 42}
 
 
-def test_unknown_key_is_named(tmp_path, cfg):
-    cfg["runs"]["124m"]["train"]["learning_rate"] = 1e-3
-    with pytest.raises(Exception, match="learning_rate"):
-        lmconfig.load_config(write(tmp_path, cfg))
+# ---- one line, naming the path, the key and the nearest valid key -------------------------------
+
+
+def test_unknown_key_names_path_key_and_nearest(tmp_path, cfg):
+    cfg["runs"]["124m"]["train"]["max_step"] = cfg["runs"]["124m"]["train"].pop("max_steps")
+    message = error_of(tmp_path, cfg)
+    assert message.startswith(
+        "runs.124m.train: unknown key 'max_step' (did you mean 'max_steps'?)"
+    ), message
+    assert "\n" not in message and len(message) < 200, message  # one line, not the schema
 
 
 def test_unknown_top_level_key_is_named(tmp_path, cfg):
     cfg["dataset"] = {}
-    with pytest.raises(Exception, match="'dataset' was unexpected"):
-        lmconfig.load_config(write(tmp_path, cfg))
+    message = error_of(tmp_path, cfg)
+    assert message.startswith("config: unknown key 'dataset' (did you mean 'datasets'?)"), message
 
 
 def test_wrong_type_is_named(tmp_path, cfg):
     cfg["runs"]["124m"]["train"]["max_steps"] = "many"
-    with pytest.raises(Exception, match=r"'many' is not of type 'integer'[\s\S]*max_steps"):
-        lmconfig.load_config(write(tmp_path, cfg))
+    assert error_of(tmp_path, cfg).startswith(
+        "runs.124m.train.max_steps: 'many' is not of type 'integer'"
+    )
+
+
+def test_an_exponent_without_a_point_gets_the_yaml_hint(tmp_path):
+    text = CONFIG.read_text().replace("lr: 3.0e-3 }", "lr: 3e-3 }", 1)
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(lmconfig.ConfigError) as e:
+        schema.load_config(tmp_path / "c.yaml")
+    assert "runs.embedded-a.train.optimizer.lr: '3e-3' is a string to YAML" in str(e.value)
+    assert "write 3.0e-3" in str(e.value)
 
 
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda c: c["runs"]["124m"].update(dataset="nope"), "runs.124m.dataset: unknown dataset"),
-        (lambda c: c["runs"]["124m"].update(model="d99"), "runs.124m.model: unknown model"),
+        # the sections lmpipe.registry defines: optimizer settings, evaluation sections
+        (
+            lambda c: c["runs"]["124m"]["train"]["optimizer"].update(name="adam"),
+            "runs.124m.train.optimizer.name: unknown optimizer 'adam' (did you mean 'adamw'?)",
+        ),
+        (
+            lambda c: c["runs"]["124m"]["train"]["optimizer"].update(beta=0.9),
+            "runs.124m.train.optimizer: unknown key 'beta' (did you mean 'betas'?)",
+        ),
+        (
+            lambda c: c["runs"]["124m"]["eval"].update(hellaswag={"itmes": 10}),
+            "runs.124m.eval.hellaswag: unknown key 'itmes' (did you mean 'items'?)",
+        ),
+        (
+            lambda c: c["runs"]["124m"]["eval"].update(hellaswg={}),
+            "runs.124m.eval: unknown key 'hellaswg' (did you mean 'hellaswag'?)",
+        ),
+        (
+            lambda c: c["runs"]["124m"]["eval"]["val_loss"].update(tokens=0),
+            "runs.124m.eval.val_loss.tokens: 0 is less than the minimum of 1",
+        ),
+        (
+            lambda c: c["models"]["d12"].update(arch="gtp2"),
+            "models.d12.arch: unknown architecture 'gtp2' (did you mean 'gpt2'?)",
+        ),
+        # cross-field checks
+        (
+            lambda c: c["runs"]["124m"].update(dataset="fineweb10b"),
+            "runs.124m.dataset: unknown dataset 'fineweb10b' (did you mean 'fineweb10B'?)",
+        ),
+        (lambda c: c["runs"]["124m"].update(model="d99"), "runs.124m.model: unknown model 'd99'"),
         (lambda c: c["reports"]["124m"]["runs"].append("x"), "reports.124m.runs: unknown run 'x'"),
         (
             lambda c: c["runs"]["124m"]["train"].update(batch_tokens=500000),
@@ -78,45 +138,162 @@ def test_wrong_type_is_named(tmp_path, cfg):
         ),
         (lambda c: c["models"]["d12"].update(n_head=7), "models.d12: n_embd 768 is not divisible"),
         (lambda c: c["datasets"]["embedded"].pop("path"), "datasets.embedded: source 'local'"),
+        (
+            lambda c: c["runs"]["124m"]["eval"]["hellaswag"].update(file="ful"),
+            "runs.124m.eval.hellaswag.file: unknown HellaSwag file 'ful' (did you mean 'full'?)",
+        ),
     ],
 )
-def test_cross_field_errors_name_the_yaml_path(tmp_path, cfg, edit, message):
+def test_errors_name_the_yaml_path(tmp_path, cfg, edit, message):
     edit(cfg)
-    with pytest.raises(lmconfig.ConfigError, match=message.replace(".", r"\.")):
-        lmconfig.load_config(write(tmp_path, cfg))
+    assert error_of(tmp_path, cfg).startswith(message)
 
 
-def test_from_dict_refuses_unknown_keys():
-    with pytest.raises(lmconfig.ConfigError, match="eval: unknown key.*hellaswag_itmes"):
-        lmconfig.from_dict(lmconfig.EvalConfig, {"hellaswag_itmes": 3}, "eval")
+def test_build_refuses_unknown_and_missing_keys():
+    cls = EVAL_SECTIONS["hellaswag"]
+    with pytest.raises(lmconfig.ConfigError, match=r"eval\.hellaswag: unknown key 'itms'"):
+        lmconfig.build(cls, {"itms": 3}, "eval.hellaswag")
+    with pytest.raises(lmconfig.ConfigError, match=r"model: 'n_head' is required"):
+        lmconfig.build(lmconfig.ModelConfig, {"n_layer": 2, "n_embd": 8}, "model")
+
+
+# ---- the schema's defaults are the dataclasses' --------------------------------------------------
+
+# (schema definition, property or "") -> the dataclasses built from it (a dataset feeds three)
+SCHEMA_CLASSES = {
+    ("dataset", ""): (lmconfig.SourceConfig, lmconfig.TokenizeConfig, lmconfig.ConversationsConfig),
+    ("model", ""): (lmconfig.ModelConfig,),
+    ("train", ""): (lmconfig.TrainConfig,),
+    ("launch", ""): (lmconfig.LaunchConfig,),
+    ("run", "sft"): (lmconfig.SFTConfig,),
+    ("run", "base"): (lmconfig.BaseConfig,),
+}
+# schema defaults no dataclass holds: `kind` picks which dataclass a dataset becomes
+SELECTORS = {"kind"}
+
+
+def schema_defaults(props: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for name, prop in props.items():
+        if "default" in prop and prop["default"] != {}:
+            out[prefix + name] = prop["default"]
+        if "properties" in prop:
+            out |= schema_defaults(prop["properties"], f"{prefix}{name}.")
+    return out
+
+
+def dataclass_defaults(cls: type, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING and dataclasses.is_dataclass(f.default):
+            out |= dataclass_defaults(type(f.default), f"{prefix}{f.name}.")
+        elif f.default is not dataclasses.MISSING and f.default is not None:
+            value = f.default
+            out[prefix + f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+@pytest.mark.parametrize("where", SCHEMA_CLASSES, ids=lambda w: ".".join(filter(None, w)))
+def test_schema_defaults_equal_the_dataclasses(where):
+    definition, prop = where
+    schema = yaml.safe_load(SCHEMA.read_text())["definitions"][definition]
+    if prop:
+        schema = schema["properties"][prop]
+    in_schema = schema_defaults(schema["properties"])
+    for key in SELECTORS:
+        in_schema.pop(key, None)
+    in_classes: dict[str, object] = {}
+    for cls in SCHEMA_CLASSES[where]:
+        in_classes |= dataclass_defaults(cls)
+    # a fine-tuning run's max_steps follows from its epochs: the schema cannot give a default
+    in_classes.pop("max_steps", None)
+    assert in_schema == in_classes
+
+
+def test_registry_sections_get_their_dataclass_defaults(tmp_path, cfg):
+    config = schema.load_config(write(tmp_path, cfg))
+    for run in config["runs"].values():
+        opt = run["train"]["optimizer"]
+        default = OPTIMIZERS[opt["name"]].settings(name=opt["name"], lr=opt["lr"])
+        for key in ("weight_decay", "eps"):
+            assert key in opt
+        assert set(opt) == {f.name for f in dataclasses.fields(default)}
+        for section, cls in EVAL_SECTIONS.items():
+            assert set(run["eval"][section]) == {f.name for f in dataclasses.fields(cls)}
+
+
+# ---- params: each stage gets only what it depends on ---------------------------------------------
 
 
 def test_params_carry_only_their_stage(tmp_path, cfg):
-    base = lmconfig.load_config(write(tmp_path, cfg))
+    base = schema.load_config(write(tmp_path, cfg))
 
     def params(c):
-        return {
+        out = {
             "download": lmconfig.download_params(c, "embedded"),
             "tokenize": lmconfig.tokenize_params(c, "embedded"),
             "train": lmconfig.train_params(c, "embedded-a"),
             "train_b": lmconfig.train_params(c, "embedded-b"),
-            "eval": lmconfig.eval_params(c, "embedded-a"),
         }
+        for evaluation in lmconfig.evaluations_of(c, "embedded-a"):
+            out[evaluation] = lmconfig.eval_params(c, "embedded-a", evaluation)
+        return out
 
     before = params(base)
     changes = {
-        "tokenize": lambda c: c["datasets"]["embedded"].update(shard_tokens=123),
-        "train": lambda c: c["runs"]["embedded-a"]["train"].update(lr=0.5),
-        "eval": lambda c: c["runs"]["embedded-a"]["eval"].update(hellaswag_items=7),
+        ("tokenize",): lambda c: c["datasets"]["embedded"].update(shard_tokens=123),
+        ("train",): lambda c: c["runs"]["embedded-a"]["train"]["optimizer"].update(lr=0.5),
+        # one HellaSwag setting: both HellaSwag evaluations, nothing else
+        ("hellaswag", "hellaswag_lm_eval"): lambda c: c["runs"]["embedded-a"]["eval"][
+            "hellaswag"
+        ].update(items=7),
+        ("val_loss",): lambda c: c["runs"]["embedded-a"]["eval"]["val_loss"].update(tokens=8),
+        ("samples",): lambda c: c["runs"]["embedded-a"]["eval"]["samples"].update(top_k=3),
+        ("sft_loss", "chat_samples"): lambda c: c["runs"]["embedded-a"]["eval"]["chat"].update(
+            batch=3
+        ),
     }
-    for stage, change in changes.items():
+    for stages, change in changes.items():
         c = copy.deepcopy(base)
         change(c)
         after = params(c)
         changed = {k for k in before if before[k] != after[k]}
-        assert changed == {stage}, (stage, changed)
+        assert changed == set(stages), (stages, changed)
     # cluster-only resources never retrain
     c = copy.deepcopy(base)
     c["runs"]["embedded-a"]["launch"]["runtime"] = 999
     assert lmconfig.train_params(c, "embedded-a") == before["train"]
-    assert json.loads(before["train"])["train"]["lr"] == 3e-3
+    assert json.loads(before["train"])["train"]["optimizer"]["lr"] == 3e-3
+
+
+def test_evaluations_follow_the_runs_settings(tmp_path, cfg):
+    config = schema.load_config(write(tmp_path, cfg))
+    every = list(EVALUATIONS)
+    # a base of a fine-tuning run gets the chat evaluations; its fine-tuning asks for no lm-eval
+    assert lmconfig.evaluations_of(config, "embedded-a") == every
+    assert lmconfig.evaluations_of(config, "embedded-b") == [
+        e for e in every if e not in ("sft_loss", "chat_samples")
+    ]
+    assert "hellaswag_lm_eval" not in lmconfig.evaluations_of(config, "embedded-a-chat")
+    assert "sft_loss" in lmconfig.evaluations_of(config, "embedded-a-chat")
+
+
+def test_the_trainer_and_an_evaluation_read_their_params_back(tmp_path, cfg):
+    config = schema.load_config(write(tmp_path, cfg))
+    job = lmconfig.TrainJob.from_json(lmconfig.train_params(config, "embedded-a-chat"))
+    assert job.sft == lmconfig.SFTConfig(epochs=10, warmup_ratio=0.04)
+    assert job.base == lmconfig.BaseConfig(run="embedded-a")
+    assert job.train.optimizer.weight_decay == 0.0 and job.launch.world_size == 2
+    ev = lmconfig.EvalJob.from_json(lmconfig.eval_params(config, "embedded-a", "hellaswag"))
+    assert ev.settings == EVAL_SECTIONS["hellaswag"](file="embedded", items=100)
+
+
+def test_the_cli_checks_a_file_in_one_line(tmp_path, cfg, capsys):
+    assert schema.main([str(CONFIG)]) == 0
+    cfg["runs"]["124m"]["launch"]["gpu"] = 8
+    assert schema.main([write(tmp_path, cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "runs.124m.launch: unknown key 'gpu'" in err and len(err.splitlines()) == 1
+    assert schema.main(["--print"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert set(printed["definitions"]["eval"]["properties"]) == set(EVAL_SECTIONS)

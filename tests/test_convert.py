@@ -12,19 +12,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from lmpipe.convert import (
-    LLMC_MAGIC,
-    load_final_checkpoint,
-    load_native_from_hf,
-    read_llmc,
-    read_meta,
-)
-from lmpipe.model import GPT, PRESETS
+from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.models import load_final_checkpoint, load_hf, read_meta
+from lmpipe.models.gpt2.llmc import LLMC_MAGIC, read_llmc
+from lmpipe.models.gpt2.model import GPT, GPTConfig
 from lmpipe.paths import REPO_ROOT
-from lmpipe.tokenizer import gpt2_encoding
 
 TOKENIZER = REPO_ROOT / "resources" / "gpt2"
-CONFIG = PRESETS["tiny"]  # 2 layers, 2 heads, width 64, block 128, vocab padded to 50304
+CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128)  # vocab padded to 50304
 
 
 def save_final_checkpoint(model: GPT, final_dir) -> None:
@@ -55,7 +50,7 @@ def converted(tmp_path_factory):
     save_final_checkpoint(model, d / "final")
     hf, llmc = d / "hf", d / "llmc.bin"
     subprocess.run(
-        [sys.executable, "-m", "lmpipe.convert", "--checkpoint", str(d / "final"),
+        [sys.executable, "-m", "lmpipe.models", "--checkpoint", str(d / "final"),
          "--tokenizer", str(TOKENIZER), "--hf-out", str(hf), "--llmc-out", str(llmc)],
         check=True,
     )  # fmt: skip
@@ -96,7 +91,7 @@ def test_hf_logits_equal_native(converted):
     with torch.no_grad():
         ours, _ = model(idx)
         theirs = hf(idx).logits
-        back, _ = load_native_from_hf(d / "hf")(idx)
+        back, _ = load_hf(d / "hf")(idx)
     assert theirs.shape == (3, CONFIG.block_size, CONFIG.vocab_size)
     torch.testing.assert_close(theirs, ours[..., : CONFIG.vocab_size], rtol=1e-5, atol=1e-5)
     # what the evaluators score (the HF folder read back natively) is the trained model exactly

@@ -13,11 +13,11 @@ import pytest
 import tiktoken
 
 from conftest import RESOURCES, SHARED_DATA, TOKENIZER_DIR
-from lmpipe import shards
 from lmpipe.config import SourceConfig, TokenizeConfig
-from lmpipe.download import download_dataset
-from lmpipe.tokenize import tokenize
-from lmpipe.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.data import shards
+from lmpipe.data.download import download_dataset
+from lmpipe.data.tokenize import tokenize
+from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 
 # tiktoken caches its downloads under sha1(url); these are the names of OpenAI's files.
 TIKTOKEN_CACHE_NAMES = {
@@ -248,7 +248,7 @@ def test_hub_download_resumes_and_never_counts_a_partial_file(tmp_path, monkeypa
     """An interrupted download leaves no manifest; the retry completes it; HF_TOKEN never shows."""
     import huggingface_hub
 
-    from lmpipe import download
+    from lmpipe.data import download
 
     table = pq.read_table(RESOURCES / "fineweb_sample.parquet").slice(0, 20)
     names = ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
@@ -288,7 +288,7 @@ def test_hub_download_resumes_and_never_counts_a_partial_file(tmp_path, monkeypa
 def test_hub_download_max_files(tmp_path, monkeypatch):
     import huggingface_hub
 
-    from lmpipe import download
+    from lmpipe.data import download
 
     table = pq.read_table(RESOURCES / "fineweb_sample.parquet").slice(0, 5)
 

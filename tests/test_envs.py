@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from lmpipe.registry import ARCHITECTURES, EVALUATIONS, OPTIMIZERS
 
 ENVS = sorted((REPO / "envs").glob("*.yaml"))
 
@@ -49,55 +50,87 @@ def test_env_pins_equal_pyproject(env):
         )
 
 
-def module_imports(module: str) -> set[str]:
-    """Top-level packages `lmpipe.<module>` imports when it loads, following lmpipe's own modules
-    and those it starts (`"-m", "lmpipe.train"`: the launcher's torchrun workers). Imports inside
-    functions load only when called, so they are not counted."""
-    seen, outside, todo = set(), set(), [module]
+LMPIPE_MODULE = r'"(lmpipe(?:\.\w+)+)(?::\w+)?"'  # "lmpipe.x.y" or "lmpipe.x.y:function"
+# modules that import lmpipe.registry entries' code by name, and the modules of those entries
+DISPATCH = {
+    "lmpipe.models": [a.module for a in ARCHITECTURES.values()],
+    "lmpipe.train.optim": [o.build.split(":")[0] for o in OPTIMIZERS.values()],
+    "lmpipe.eval.__main__": [e.run.split(":")[0] for e in EVALUATIONS.values()],
+}
+
+
+def module_imports(*modules: str) -> set[str]:
+    """Top-level packages that `modules` import, anywhere in their code (inside functions too:
+    a job calls them), following lmpipe's own modules, a package's __init__ and __main__, and
+    the modules they name as strings (those the launcher starts under torchrun) and the registry
+    entries a module dispatches to (DISPATCH)."""
+    seen, outside, todo = set(), set(), list(modules)
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
         path = REPO / "workflow" / Path(*name.split("."))
-        source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-        todo += re.findall(r'"-m", "(lmpipe\.\w+)"', source.read_text())
-        for node in ast.parse(source.read_text()).body:
-            if isinstance(node, ast.Import):
-                found = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found = [node.module]
-                if node.module == "lmpipe":
-                    found = [f"lmpipe.{alias.name}" for alias in node.names]
-            else:
-                continue
-            for name_ in found:
-                if name_.startswith("lmpipe."):
-                    todo.append(name_)
-                elif name_ != "lmpipe" and name_.split(".")[0] not in sys.stdlib_module_names:
-                    outside.add(name_.split(".")[0])
+        sources = [path / "__init__.py"] if path.is_dir() else [path.with_suffix(".py")]
+        if path.is_dir() and name in modules:  # `python -m package` runs its __main__
+            todo.append(f"{name}.__main__")
+        todo += DISPATCH.get(name, [])
+        for parent in range(
+            1, name.count(".") + 1
+        ):  # importing a.b.c runs a/__init__, a/b/__init__
+            todo.append(".".join(name.split(".")[:parent]))
+        for source in (s for s in sources if s.is_file()):
+            todo += import_names(source, outside)
     return outside - {"__future__"}
 
 
-def rule_modules() -> list[tuple[str, str, str]]:
-    """(rule, env, module) for each rule that runs `python -m lmpipe.<module>` in a conda env."""
+def import_names(source: Path, outside: set[str]) -> list[str]:
+    """lmpipe modules `source` imports or names; adds outside top-level packages to `outside`."""
+    text = source.read_text()
+    # named modules (a torchrun worker); the registry's are followed where they run (DISPATCH)
+    found_lmpipe = [] if source.name == "registry.py" else re.findall(LMPIPE_MODULE, text)
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            # `from lmpipe.data import shards`: shards may be a module of its own
+            found = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in found:
+            if name == "lmpipe" or name.startswith("lmpipe."):
+                found_lmpipe.append(name)
+            elif name.split(".")[0] not in sys.stdlib_module_names:
+                outside.add(name.split(".")[0])
+    return found_lmpipe
+
+
+def rule_modules() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(rule, env, modules) for each rule that runs `python -m lmpipe.<module>` in a conda env;
+    the modules it names in its block too (the train rule's two torchrun workers)."""
     found = []
     for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
         for block in re.split(r"\n(?=rule |localrule |checkpoint )", smk.read_text()):
             env = re.search(r'conda:\s*\n\s*"\.\./\.\./envs/([\w-]+)\.yaml"', block)
-            module = re.search(r"python -m (lmpipe\.\w+)", block)
+            module = re.search(r"python -m (lmpipe[\w.]*)", block)
             if env and module:
-                found.append((block.split(":")[0].split()[-1], env.group(1), module.group(1)))
+                named = tuple(dict.fromkeys([module.group(1), *re.findall(LMPIPE_MODULE, block)]))
+                found.append((block.split(":")[0].split()[-1], env.group(1), named))
     return found
 
 
-@pytest.mark.parametrize("rule,env,module", rule_modules(), ids=lambda v: str(v))
-def test_a_rule_env_has_what_its_module_imports(rule, env, module):
+def test_the_train_rule_follows_both_workers():
+    [(_, _, modules)] = [r for r in rule_modules() if r[0] == "train"]
+    assert {"lmpipe.train", "lmpipe.train.pretrain", "lmpipe.chat.finetune"} <= set(modules)
+
+
+@pytest.mark.parametrize("rule,env,modules", rule_modules(), ids=lambda v: str(v))
+def test_a_rule_env_has_what_its_module_imports(rule, env, modules):
     """A `--use-conda` job gets only its env's packages: its module must load with them."""
     spec = yaml.safe_load((REPO / "envs" / f"{env}.yaml").read_text())
     pip_list = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict) and "pip" in d)
     installed = set(pins(pip_list))
     distributions = packages_distributions()
-    for package in sorted(module_imports(module)):
+    for package in sorted(module_imports(*modules)):
         names = {d.lower().replace("-", "_") for d in distributions.get(package, [package])}
-        assert names & installed, f"rule {rule}: {module} imports {package}, not in envs/{env}.yaml"
+        assert names & installed, f"rule {rule}: {modules} import {package}, not in envs/{env}.yaml"

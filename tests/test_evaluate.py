@@ -1,4 +1,4 @@
-"""evaluate: HellaSwag (native in both scorings, against the real lm-eval harness), val loss,
+"""The evaluations: HellaSwag (native in both scorings, against the real lm-eval harness), val loss,
 samples, and the CLIs writing the result files the report reads."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmpipe import hellaswag
-from lmpipe.config import EvalConfig, canonical_json
-from lmpipe.convert import load_native_from_hf, write_hf
-from lmpipe.evaluate import val_loss
-from lmpipe.model import GPT, PRESETS, GPTConfig
+from lmpipe.config import canonical_json
+from lmpipe.data.shards import write_shard
+from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.eval import hellaswag
+from lmpipe.eval.samples import generate, sample_completions
+from lmpipe.eval.val_loss import val_loss
+from lmpipe.models import load_hf
+from lmpipe.models.gpt2.hf import write_hf
+from lmpipe.models.gpt2.model import GPT, GPTConfig
 from lmpipe.paths import REPO_ROOT
-from lmpipe.sample import sample_completions
-from lmpipe.shards import write_shard
-from lmpipe.tokenizer import gpt2_encoding
 
 TOKENIZER = REPO_ROOT / "resources" / "gpt2"
 ITEMS = REPO_ROOT / "resources" / "hellaswag_val_sample.jsonl"
@@ -32,7 +33,8 @@ def hf_dir(tmp_path_factory):
     """A random tiny GPT exported as a HF folder (block_size 128: some items get truncated)."""
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("hf") / "hf"
-    write_hf(GPT(PRESETS["tiny"]), TOKENIZER, d, {"run": "test", "step": 0})
+    tiny = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128)
+    write_hf(GPT(tiny), TOKENIZER, d, {"run": "test", "step": 0})
     return d
 
 
@@ -73,7 +75,7 @@ def naive_logprob(model: GPT, ctx: list[int], cont: list[int]) -> float:
 
 @torch.no_grad()
 def test_batched_scorer_equals_naive_forward(hf_dir):
-    model = load_native_from_hf(hf_dir)
+    model = load_hf(hf_dir)
     items = hellaswag.load_items(ITEMS, 6)
     rows = [r for it in items for r in hellaswag.item_rows(it, ENC, "llmc")]
     rows.append((list(range(1000, 1200)), [11, 12, 13]))  # longer than block_size: truncated left
@@ -157,7 +159,7 @@ def test_acc_norm_normalisers():
 
 @pytest.mark.slow
 def test_lm_eval_mode_equals_harness(hf_dir, monkeypatch):
-    from lmpipe.evaluate import LM_EVAL_TASK, lm_eval_hellaswag
+    from lmpipe.eval.harness import LM_EVAL_TASK, lm_eval_hellaswag
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # restored after the test
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -167,7 +169,7 @@ def test_lm_eval_mode_equals_harness(hf_dir, monkeypatch):
     samples = sorted(out["samples"][LM_EVAL_TASK], key=lambda s: s["doc_id"])
     assert len(samples) == n
 
-    model = load_native_from_hf(hf_dir)
+    model = load_hf(hf_dir)
     items = hellaswag.load_items(ITEMS, n)
     native = hellaswag.score(model, items, ENC, "lm_eval", batch_items=5, show_progress=False)
     assert native.acc == harness["acc,none"]
@@ -209,7 +211,7 @@ def write_tokens(tmp_path, n_tokens: int = 4000):
 
 @torch.no_grad()
 def test_val_loss_over_non_overlapping_sequences(hf_dir, tmp_path):
-    model = load_native_from_hf(hf_dir)
+    model = load_hf(hf_dir)
     manifest, tokens = write_tokens(tmp_path)
     loss, n = val_loss(model, tmp_path / "t_val_000000.bin", val_tokens=1000, batch=3)
     T = model.config.block_size
@@ -225,7 +227,7 @@ def test_val_loss_over_non_overlapping_sequences(hf_dir, tmp_path):
 
 
 def test_samples_deterministic(hf_dir):
-    model = load_native_from_hf(hf_dir)
+    model = load_hf(hf_dir)
     a = sample_completions(model, ENC, max_new_tokens=8, top_k=5, seed=3, prompts=("Hello",))
     b = sample_completions(model, ENC, max_new_tokens=8, top_k=5, seed=3, prompts=("Hello",))
     c = sample_completions(model, ENC, max_new_tokens=8, top_k=5, seed=4, prompts=("Hello",))
@@ -233,23 +235,56 @@ def test_samples_deterministic(hf_dir):
     assert len(ENC.encode_ordinary(a[0]["completion"])) >= 6  # (re-tokenising may merge a few)
 
 
+class Scripted(torch.nn.Module):
+    """A 'model' whose next token is fixed: `script[i]` at the i-th generated position."""
+
+    def __init__(self, prompt_len: int, script: list[int]):
+        super().__init__()
+        self.config = GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=64)
+        self.prompt_len, self.script = prompt_len, script
+
+    def forward(self, idx):
+        logits = torch.zeros(idx.size(0), idx.size(1), self.config.vocab_size)
+        logits[:, -1, self.script[idx.size(1) - self.prompt_len]] = 100.0
+        return logits, None
+
+
+def test_samples_end_at_the_first_end_of_text():
+    prompt = ENC.encode_ordinary("Hello")
+    words = ENC.encode_ordinary(" one two")
+    model = Scripted(len(prompt), [*words, EOT_ID, *words, *words])
+    [s] = sample_completions(model, ENC, max_new_tokens=6, top_k=1, seed=0, prompts=("Hello",))
+    assert s == {"prompt": "Hello", "completion": " one two", "ended": True}
+    # generation stops there: no token is drawn after the end of text
+    idx = torch.tensor([prompt])
+    out = generate(model, idx, 6, 1, torch.Generator().manual_seed(0), EOT_ID)
+    assert out[0, len(prompt) :].tolist() == [*words, EOT_ID]
+    # without an end of text, all the tokens asked for
+    [s] = sample_completions(
+        Scripted(len(prompt), words * 4), ENC, max_new_tokens=6, top_k=1, seed=0, prompts=("Hello",)
+    )
+    assert s["completion"] == " one two one two one two" and not s["ended"]
+
+
 # ---- the CLIs the rules call write the result files the report reads ---------------------------
 
 
 def test_cli_results(hf_dir, tmp_path):
     manifest, _ = write_tokens(tmp_path)
-    cfg = canonical_json(
-        {"run": "test", "eval": {"val_tokens": 512, "hellaswag_items": 12, "sample_tokens": 4}}
-    )
-    assert EvalConfig(**json.loads(cfg)["eval"]).hellaswag_items == 12
-    common = ["--config-json", cfg, "--model", str(hf_dir)]
-    for what, extra, out in [
-        ("loss", ["--tokens-manifest", str(manifest)], "l.json"),
-        ("hellaswag", ["--items", str(ITEMS)], "h.json"),
+    settings = {
+        "val_loss": {"tokens": 512, "batch": 8},
+        "hellaswag": {"file": "embedded", "items": 12, "batch": 16, "lm_eval": True},
+        "samples": {"tokens": 4, "top_k": 50, "seed": 42},
+    }
+    for name, extra, out in [
+        ("val_loss", ["--tokens", str(manifest)], "l.json"),
+        ("hellaswag", ["--hellaswag", str(ITEMS)], "h.json"),
         ("samples", [], "s.json"),
     ]:
-        cmd = [sys.executable, "-m", "lmpipe.evaluate", what, *common, *extra]
-        subprocess.run([*cmd, "--out", str(tmp_path / out)], check=True)
+        cfg = canonical_json({"run": "test", "evaluation": name, "settings": settings[name]})
+        cmd = [sys.executable, "-m", "lmpipe.eval", name, "--config-json", cfg]
+        cmd += ["--model", str(hf_dir), *extra, "--out", str(tmp_path / out)]
+        subprocess.run(cmd, check=True)
     loss = json.loads((tmp_path / "l.json").read_text())
     assert loss["metric"] == "fineweb_val_loss" and loss["tokens"] == 512
     assert 9 < loss["value"] < 12  # a random GPT-2: about ln(50257) = 10.8
@@ -260,4 +295,4 @@ def test_cli_results(hf_dir, tmp_path):
     )
     samples = json.loads((tmp_path / "s.json").read_text())
     assert samples["metric"] == "samples" and len(samples["samples"]) == 4
-    assert set(samples["samples"][0]) == {"prompt", "completion"}
+    assert set(samples["samples"][0]) == {"prompt", "completion", "ended"}

@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+import yaml
 
-from lmpipe.model import GPT, PRESETS, GPTConfig
+from conftest import CONFIG_FILE
+from lmpipe.models.gpt2.model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -135,7 +137,7 @@ def test_llmc_initialisation_and_tying():
 
 def test_d12_is_gpt2_124m():
     with torch.device("meta"):
-        model = GPT(PRESETS["d12"])
+        model = GPT(GPTConfig(**yaml.safe_load(CONFIG_FILE.read_text())["models"]["d12"]))
     # 124,475,904 with the padded vocab (llm.c); 124,439,808 with 50257 (OpenAI's count)
     assert model.num_params() == 124_475_904
     assert model.flops_per_token(1024) == 6 * 124_475_904 + 6 * 12 * 768 * 1024

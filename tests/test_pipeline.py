@@ -1,5 +1,6 @@
 """The whole DAG for real: the embedded default end to end, then Snakemake's own plan for each of
-the four caching cases (nothing changed, a training, an evaluation and a dataset setting changed).
+the caching cases (nothing changed; a training, an evaluation, one HellaSwag setting and a
+dataset setting changed).
 
 One real run (`snakemake --cores 2`, the demo command, in a fresh copy of the workflow whose
 embedded runs are made smaller: see SMALLER_*), then only dry runs (`-n`, default rerun triggers)
@@ -18,20 +19,19 @@ import yaml
 
 from conftest import make_workdir, snakemake
 from lmpipe import config as lmconfig
-from lmpipe.report import flatten
+from lmpipe import schema
 
 pytestmark = pytest.mark.slow
 
 REPORT = "embedded"
-EVAL_RULES = ("evaluate_loss", "evaluate_hellaswag", "sample")
 
 # The demo's runs, made smaller so that the module takes minutes, not tens, on 2 shared cores:
-# pretraining 12 steps instead of 40, fine-tuning 1 epoch instead of 3, 20 HellaSwag items instead
-# of 100, 8K val tokens instead of 32K. Everything else (2 FSDP ranks, lm-eval, the runs and their
-# differences) is the demo's.
-SMALLER_TRAIN = {"max_steps": 12, "warmup_steps": 2, "val_every": 6, "checkpoint_every": 6}
+# pretraining 12 steps instead of 24, fine-tuning 1 epoch instead of 10, 20 HellaSwag items
+# instead of 100, 8K val tokens instead of 32K. Everything else (2 FSDP ranks, lm-eval, the runs
+# and their differences) is the demo's.
+SMALLER_TRAIN = {"max_steps": 12, "val_every": 6, "checkpoint_every": 6}
 SMALLER_SFT = {"epochs": 1}
-SMALLER_EVAL = {"val_tokens": 8192, "hellaswag_items": 20, "sample_tokens": 16}
+SMALLER_EVAL = {"val_loss": {"tokens": 8192}, "hellaswag": {"items": 20}, "samples": {"tokens": 16}}
 STEPS = SMALLER_TRAIN["max_steps"]
 
 
@@ -41,11 +41,13 @@ def smaller_demo_config(workdir: Path) -> None:
     config = yaml.safe_load(path.read_text())
     for run in config["reports"][REPORT]["runs"]:
         r = config["runs"][run]
-        r.setdefault("eval", {}).update(SMALLER_EVAL)
+        for section, smaller in SMALLER_EVAL.items():
+            r.setdefault("eval", {}).setdefault(section, {}).update(smaller)
         if "sft" in r:
             r["sft"].update(SMALLER_SFT)
         else:
             r["train"].update(SMALLER_TRAIN)
+            r["train"]["schedule"] = {"warmup_steps": 2}
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
@@ -66,7 +68,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def planned_jobs(workdir: Path, config: dict | None = None) -> set[tuple[str, str]]:
-    """(rule, wildcards) of every job a dry run plans, with `config` given as --configfile."""
+    """(rule, its wildcards' values joined by "/") of every job a dry run plans, with `config`
+    given as --configfile: ("train", "embedded-a"), ("evaluate", "embedded-a/hellaswag")."""
     args = ["-n"]
     if config is not None:
         path = workdir / f"changed_{len(list(workdir.glob('changed_*.yaml')))}.yaml"
@@ -77,14 +80,15 @@ def planned_jobs(workdir: Path, config: dict | None = None) -> set[tuple[str, st
     jobs = set()
     for rule, details in re.findall(r"^(?:local)?rule (\w+):\n((?:[ \t]+.*\n?)*)", out, re.M):
         if rule != "all":
-            wc = re.search(r"^\s*wildcards: \w+=(\S+)", details, re.M)
-            jobs.add((rule, wc.group(1) if wc else ""))
+            wc = re.search(r"^\s*wildcards: (.*)$", details, re.M)
+            values = re.findall(r"\w+=([^,\s]+)", wc.group(1)) if wc else []
+            jobs.add((rule, "/".join(values)))
     return jobs
 
 
 def base_config(workdir: Path) -> dict:
     """The copy's config as Snakemake sees it (schema defaults filled in)."""
-    return lmconfig.load_config(workdir / "config" / "config.yaml")
+    return schema.load_config(workdir / "config" / "config.yaml")
 
 
 def report_runs(config: dict) -> list[str]:
@@ -97,14 +101,10 @@ def fine_tunings_of(config: dict, run: str) -> list[str]:
 
 def jobs_of(config: dict, run: str, *, retrained: bool) -> set[tuple[str, str]]:
     """The jobs of one run: its evaluations, and its training and conversion when `retrained`."""
-    rules = list(EVAL_RULES)
-    if lmconfig.run_config(config, run).eval.lm_eval:
-        rules.append("evaluate_lm_eval")
-    if lmconfig.chat_dataset(config, run):  # a fine-tuning run or the base of one
-        rules += ["evaluate_sft_loss", "chat_samples"]
+    jobs = {("evaluate", f"{run}/{e}") for e in lmconfig.evaluations_of(config, run)}
     if retrained:
-        rules += ["sft" if lmconfig.is_sft(config, run) else "train", "convert"]
-    return {(rule, run) for rule in rules}
+        jobs |= {("train", run), ("convert", run)}
+    return jobs
 
 
 def row_text(html: str, row_id: str) -> str:
@@ -128,20 +128,22 @@ def test_report_holds_every_runs_metrics_and_the_differences(built: Path) -> Non
                 acc_norm = result.get("acc_norm", result["value"])
                 assert f"{100 * acc_norm:.2f}%" in row, (name, acc_norm, row)
         samples = json.loads((ev / "samples.json").read_text())["samples"]
-        assert samples and all(len(s["completion"]) > 0 for s in samples)
-        if not lmconfig.is_sft(config, run):
+        assert samples and any(s["completion"] for s in samples)  # (one may end at once)
+        if not lmconfig.is_fine_tuning(config, run):
             meta = json.loads((built / "results/runs" / run / "train/final/meta.json").read_text())
             assert meta["tokens"] == STEPS * 4096
             assert f"{STEPS * 4096 / 1000:.3g}K" in row  # tokens trained
-    # the settings the runs differ in (pretraining runs: lr only), and only those, highlighted
-    params = json.loads(lmconfig.report_params(config, REPORT))["runs"]
-    flat = [flatten({k: v for k, v in p.items() if k != "run"}) for p in params.values()]
-    differing = sorted(
-        k for k in set().union(*flat) if len({json.dumps(f.get(k)) for f in flat}) > 1
-    )
+    # the one setting the two pretraining runs differ in, and only it, is the comparison; the
+    # fine-tuning run's own data, steps and lr are marked as the kind of run
     highlighted = re.findall(r'<tr class="diff">\s*<td><code>([^<]+)</code>', html)
-    assert "train.lr" in highlighted
-    assert highlighted == differing
+    assert highlighted == ["train.optimizer.lr"]
+    kind = re.findall(r'<tr class="kind">\s*<td><code>([^<]+)</code>', html)
+    assert {"dataset", "sft.epochs", "train.max_steps"} <= set(kind)
+    # what the fine-tuning run used, not the 0 its config leaves to the epochs
+    meta = json.loads((built / "results/runs/embedded-a-chat/train/final/meta.json").read_text())
+    row = re.search(r"<code>train\.max_steps</code>.*?</tr>", html, re.S).group(0)
+    assert re.findall(r"<td>([^<]*)</td>", row) == ["12", "12", str(meta["step"])]
+    assert meta["step"] > 0
     assert html.count("<img ") >= 3 and "data:image/png;base64," in html
 
 
@@ -153,7 +155,7 @@ def test_nothing_changed_nothing_to_do(built: Path) -> None:
 def test_training_setting_reruns_that_run_and_the_report(built: Path) -> None:
     """embedded-a: its own jobs, its fine-tunings' (they start from its weights), the report."""
     config = base_config(built)
-    config["runs"]["embedded-a"]["train"]["lr"] = 2.0e-3
+    config["runs"]["embedded-a"]["train"]["optimizer"]["lr"] = 2.0e-3
     expected = jobs_of(config, "embedded-a", retrained=True) | {("report", REPORT)}
     for child in fine_tunings_of(config, "embedded-a"):
         expected |= jobs_of(config, child, retrained=True)
@@ -163,8 +165,20 @@ def test_training_setting_reruns_that_run_and_the_report(built: Path) -> None:
 
 def test_evaluation_setting_reruns_only_evaluate_and_report(built: Path) -> None:
     config = base_config(built)
-    config["runs"]["embedded-b"]["eval"]["sample_tokens"] = 24  # 16 in SMALLER_EVAL
-    expected = jobs_of(config, "embedded-b", retrained=False) | {("report", REPORT)}
+    config["runs"]["embedded-b"]["eval"]["samples"]["tokens"] = 24  # 16 in SMALLER_EVAL
+    assert planned_jobs(built, config) == {("evaluate", "embedded-b/samples"), ("report", REPORT)}
+
+
+def test_hellaswag_items_reruns_the_hellaswag_evaluations_only(built: Path) -> None:
+    """Not the val loss, not the samples, not another run's: both HellaSwag scorings, and the
+    report."""
+    config = base_config(built)
+    config["runs"]["embedded-a"]["eval"]["hellaswag"]["items"] = 10  # 20 in SMALLER_EVAL
+    expected = {
+        ("evaluate", "embedded-a/hellaswag"),
+        ("evaluate", "embedded-a/hellaswag_lm_eval"),
+        ("report", REPORT),
+    }
     assert planned_jobs(built, config) == expected
 
 

@@ -10,21 +10,34 @@ from pathlib import Path
 
 import pytest
 
-from lmpipe import report
 from lmpipe.paths import Layout
+from lmpipe.report import page as report
+from lmpipe.report.figures import loss_panels
+from lmpipe.report.references import REFERENCES
+from lmpipe.report.runs import load_run, read_metrics
 
 SHA = "ab" * 32
 
 
 def settings(lr: float, lm_eval: bool = True, device: str = "cuda") -> dict:
     """A run's slice of report_params: what lmpipe.config.report_params gives for a tiny run."""
+    evaluations = ["val_loss", "hellaswag", "samples"] + (["hellaswag_lm_eval"] if lm_eval else [])
     return {
         "run": "x",
         "dataset": "toy",
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 128},
-        "train": {"seq_len": 128, "batch_tokens": 4096, "max_steps": 20, "lr": lr},
+        "train": {
+            "seq_len": 128,
+            "batch_tokens": 4096,
+            "max_steps": 20,
+            "optimizer": {"name": "adamw", "lr": lr},
+            "schedule": {"warmup_steps": 2},
+        },
         "launch": {"device": device, "nodes": 1, "procs_per_node": 2, "peak_flops": 1e12},
-        "eval": {"hellaswag_items": 100, "lm_eval": lm_eval},
+        "eval": {"hellaswag": {"items": 100, "lm_eval": lm_eval}},
+        "evaluations": evaluations,
+        "text_dataset": "toy",
+        "chat_dataset": None,
     }
 
 
@@ -203,7 +216,7 @@ def test_headline_has_every_runs_metrics(layout: Layout, tmp_path: Path) -> None
     assert "2.0%" in row  # MFU
     assert "headline-b" in html
     # the references sit beside the runs, marked as such
-    assert html.count('class="badge reference"') == len(report.REFERENCES)
+    assert html.count('class="badge reference"') == len(REFERENCES)
     for value in ("3.425", "29.55%", "3.083", "37.52%", "33.70%", "43.60%", "31.14%", "28.92%"):
         assert value in html, value
 
@@ -219,8 +232,8 @@ def test_settings_differences_are_highlighted(layout: Layout, tmp_path: Path) ->
     write_run(layout, "b")
     html = render(layout, {"a": settings(3e-3), "b": settings(1e-3)}, tmp_path)
     diff_rows = re.findall(r'<tr class="diff">\s*<td><code>([^<]+)</code>', html)
-    assert diff_rows == ["train.lr"]
-    assert re.search(r'id="differences">[^<]*<code>train\.lr</code>', html)
+    assert diff_rows == ["train.optimizer.lr"]
+    assert re.search(r'id="differences">[^<]*<code>train\.optimizer\.lr</code>', html)
     # equal settings are listed but not highlighted
     assert "<code>train.seq_len</code></td>" in html
 
@@ -303,7 +316,7 @@ def test_resumed_steps_keep_the_later_line_and_tolerate_a_torn_tail(tmp_path: Pa
         {"step": 1, "tokens": 2, "loss": 7.5},  # logged again after a resume
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 2, "to')
-    m = report.read_metrics(path)
+    m = read_metrics(path)
     assert [r["loss"] for r in m["train"]] == [9.0, 7.5]
 
 
@@ -311,7 +324,7 @@ def test_bad_metrics_line_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "loss": 1}\nnot json\n{"step": 1, "loss": 1}\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
-        report.read_metrics(path)
+        read_metrics(path)
 
 
 def test_bad_eval_file_names_it(layout: Layout, tmp_path: Path) -> None:
@@ -322,12 +335,13 @@ def test_bad_eval_file_names_it(layout: Layout, tmp_path: Path) -> None:
 
 
 def test_progress_report_from_a_config_file(tmp_path: Path) -> None:
-    """The by-hand form (`--config --report`) on the repo's config, with nothing trained yet."""
+    """The by-hand form (lmpipe.report.progress) on the repo's config, nothing trained yet."""
     from lmpipe.paths import DEFAULT_CONFIG
+    from lmpipe.report import progress
 
     out = tmp_path / "progress.html"
     empty = ["--results", str(tmp_path / "none"), "--data", str(tmp_path / "none")]
-    report.main(
+    progress.main(
         ["--config", str(DEFAULT_CONFIG), "--report", "embedded", "--out", str(out)] + empty
     )
     html = out.read_text()
@@ -335,7 +349,7 @@ def test_progress_report_from_a_config_file(tmp_path: Path) -> None:
     assert "not started" in row_text(html, "headline-embedded-b")
     assert "no tokens manifest found" in html
     with pytest.raises(ValueError, match="no report 'nope'"):
-        report.main(["--config", str(DEFAULT_CONFIG), "--report", "nope", "--out", str(out)])
+        progress.main(["--config", str(DEFAULT_CONFIG), "--report", "nope", "--out", str(out)])
 
 
 def test_fine_tuned_run_beside_its_base(layout: Layout, tmp_path: Path) -> None:
@@ -348,7 +362,9 @@ def test_fine_tuned_run_beside_its_base(layout: Layout, tmp_path: Path) -> None:
         (ev / "sft_loss.json").write_text(json.dumps({"metric": "sft_loss", "value": loss}))
         chat = {"metric": "chat_samples", "samples": [{"prompt": "Who are you?", "reply": reply}]}
         (ev / "chat_samples.json").write_text(json.dumps(chat))
+    chat_evals = ["sft_loss", "chat_samples"]
     base = settings(3e-3) | {"chat_dataset": "chatdata"}
+    base["evaluations"] += chat_evals
     tuned = settings(1e-3) | {
         "dataset": "chatdata",
         "text_dataset": "toy",
@@ -356,6 +372,7 @@ def test_fine_tuned_run_beside_its_base(layout: Layout, tmp_path: Path) -> None:
         "base": {"run": "a"},
         "sft": {"epochs": 3},
     }
+    tuned["evaluations"] += chat_evals
     html = render(layout, {"a": base, "a-chat": tuned}, tmp_path)
     assert "1.2500" in row_text(html, "chat-a-chat") and "3.5000" in row_text(html, "chat-a")
     assert "I am Vicuna." in html and "the the the" in html
@@ -365,3 +382,47 @@ def test_fine_tuned_run_beside_its_base(layout: Layout, tmp_path: Path) -> None:
     (Path(layout.eval_dir("a-chat")) / "chat_samples.json").unlink()
     html = render(layout, {"a": base, "a-chat": tuned}, tmp_path)
     assert "not finished" in row_text(html, "headline-a-chat")
+
+
+def test_kinds_of_run_are_not_the_comparison(layout: Layout, tmp_path: Path) -> None:
+    """Two pretraining runs differ in lr (the point of the report); the fine-tuning run differs
+    from them in data, steps and more: those rows are the kind of run, apart from the comparison.
+    A finished fine-tuning run shows the steps and warmup it derived, not the config's 0."""
+    write_run(layout, "a")
+    write_run(layout, "b")
+    write_run(layout, "a-chat")
+    meta = Path(layout.final_checkpoint("a-chat")) / "meta.json"
+    used = settings(1e-3)["train"] | {"max_steps": 1100, "schedule": {"warmup_steps": 44}}
+    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"train": used}))
+    tuned = settings(1e-3) | {"dataset": "chatdata", "base": {"run": "a"}, "sft": {"epochs": 10}}
+    tuned["train"] = tuned["train"] | {"max_steps": 0, "schedule": {"warmup_steps": 0}}
+    html = render(layout, {"a": settings(3e-3), "b": settings(1e-3), "a-chat": tuned}, tmp_path)
+    diff_rows = re.findall(r'<tr class="diff">\s*<td><code>([^<]+)</code>', html)
+    kind_rows = re.findall(r'<tr class="kind">\s*<td><code>([^<]+)</code>', html)
+    assert diff_rows == ["train.optimizer.lr"]
+    assert {"dataset", "sft.epochs", "base.run", "train.max_steps"} <= set(kind_rows)
+    row = re.search(r"<code>train\.max_steps</code>.*?</tr>", html, re.S).group(0)
+    assert re.findall(r"<td>([^<]*)</td>", row) == ["20", "20", "1100"]
+    assert "Fine-tuning: a-chat" in html and "Pretraining: a, b" in html
+
+
+def test_loss_panels_one_a_dataset(layout: Layout) -> None:
+    write_run(layout, "a")
+    write_run(layout, "a-chat")
+    runs = [
+        load_run(layout, "a", settings(3e-3)),
+        load_run(layout, "a-chat", settings(3e-3) | {"dataset": "chatdata", "sft": {}}),
+        load_run(layout, "never", settings(3e-3)),  # nothing logged: no panel
+    ]
+    assert {k: [r.name for r in v] for k, v in loss_panels(runs).items()} == {
+        "toy": ["a"],
+        "chatdata": ["a-chat"],
+    }
+
+
+def test_cpu_throughput_is_explained(layout: Layout, tmp_path: Path) -> None:
+    write_run(layout, "a")
+    html = render(layout, {"a": settings(3e-3, device="cpu")}, tmp_path)
+    assert 'id="cpu-note"' in html and "shared" not in row_text(html, "headline-a")
+    html = render(layout, {"a": settings(3e-3, device="cuda")}, tmp_path)
+    assert 'id="cpu-note"' not in html

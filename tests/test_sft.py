@@ -18,21 +18,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from conftest import RESOURCES, TOKENIZER_DIR, kill_at_checkpoint, make_workdir, snakemake
+from lmpipe.chat.data import IGNORE, prepare, split_of, to_row, write
+from lmpipe.chat.loader import ConversationLoader, load_split
+from lmpipe.chat.template import MalformedConversation, check_conversation, render
 from lmpipe.config import ConversationsConfig
-from lmpipe.loader import ConversationLoader
-from lmpipe.model import GPT, GPTConfig
-from lmpipe.sft_data import (
-    IGNORE,
-    MalformedConversation,
-    check_conversation,
-    load_split,
-    prepare,
-    render,
-    split_of,
-    to_row,
-    write,
-)
-from lmpipe.tokenizer import EOT, EOT_ID, gpt2_encoding
+from lmpipe.data.tokenizer import EOT, EOT_ID, gpt2_encoding
+from lmpipe.models.gpt2.model import GPT, GPTConfig
 
 ENC = gpt2_encoding(str(TOKENIZER_DIR))
 SYSTEM = (
@@ -165,7 +156,7 @@ def test_conversation_loader_splits_steps_over_ranks_and_resumes_exactly():
 @pytest.fixture(scope="module")
 def hf_base(tmp_path_factory) -> Path:
     """A random tiny GPT exported as a Hugging Face folder: an `hf:` base."""
-    from lmpipe.convert import write_hf
+    from lmpipe.models.gpt2.hf import write_hf
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
@@ -177,8 +168,9 @@ def hf_base(tmp_path_factory) -> Path:
 def test_hf_import_export_round_trips_the_weights(hf_base, tmp_path):
     from safetensors.torch import load_file
 
-    from lmpipe.convert import load_native_from_hf, write_hf
-    from lmpipe.sft import load_base
+    from lmpipe.chat.finetune import load_base
+    from lmpipe.models import load_hf
+    from lmpipe.models.gpt2.hf import write_hf
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
     load_base(model, hf_base)  # the trainer's import
@@ -187,7 +179,7 @@ def test_hf_import_export_round_trips_the_weights(hf_base, tmp_path):
     assert a.keys() == b.keys() and len(a) > 10
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    native = load_native_from_hf(tmp_path / "again").state_dict()
+    native = load_hf(tmp_path / "again").state_dict()
     for k, v in model.state_dict().items():
         assert torch.equal(native[k], v), k
     with pytest.raises(ValueError, match="is not the run's model"):
@@ -208,22 +200,24 @@ def sft_data(tmp_path_factory) -> Path:
 
 def sft_command(data: Path, base: Path, out: Path) -> list[str]:
     train = {
-        "seq_len": 64, "micro_batch": 4, "batch_tokens": 512, "max_steps": 0, "lr": 1e-3,
-        "seed": 1337, "lr_floor": 0.0, "warmup_steps": 0, "weight_decay": 0.0, "grad_clip": 1.0,
-        "betas": [0.9, 0.95], "eps": 1e-8, "val_every": 4, "val_tokens": 1024,
-        "checkpoint_every": 4, "keep_checkpoints": 2, "dtype": "float32", "compile": False,
-        "fused_adamw": False,
+        "seq_len": 64, "micro_batch": 4, "batch_tokens": 512, "max_steps": 0, "seed": 1337,
+        "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "betas": [0.9, 0.95],
+                      "eps": 1e-8, "fused": False},
+        "schedule": {"warmup_steps": 0, "lr_floor": 0.0}, "grad_clip": 1.0, "val_every": 4,
+        "val_tokens": 1024, "checkpoint_every": 4, "keep_checkpoints": 2, "dtype": "float32",
+        "compile": False,
     }  # fmt: skip
     cfg = {
         "run": "chat", "dataset": "chat", "train": train,
         "sft": {"epochs": 1, "warmup_ratio": 0.04},
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_size": 50257,
-                  "padded_vocab_size": 50304},
+                  "padded_vocab_size": 50304, "arch": "gpt2"},
         "launch": {"device": "cpu", "nodes": 1, "procs_per_node": 2, "peak_flops": 1e12},
         "base": {"hf": str(base)},
     }  # fmt: skip
-    args = ["--config-json", json.dumps(cfg), "--tokens-manifest", str(data), "--init", str(base)]
-    return [sys.executable, "-m", "lmpipe.launch", *args, "--out", str(out)]
+    args = ["--config-json", json.dumps(cfg), "--data", str(data), "--init", str(base)]
+    worker = ["--worker", "lmpipe.chat.finetune"]
+    return [sys.executable, "-m", "lmpipe.train", *worker, *args, "--out", str(out)]
 
 
 def final_state(out: Path) -> dict[str, torch.Tensor]:
@@ -245,7 +239,9 @@ def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
                    capture_output=True)  # fmt: skip
     meta = json.loads((ref / "final/meta.json").read_text())
     rows = json.loads(sft_data.read_text())["kept"]["train"]
-    assert meta["step"] == rows // 8 and meta["train"]["warmup_steps"] == 1  # 1 epoch, ceil(4%)
+    assert (
+        meta["step"] == rows // 8 and meta["train"]["schedule"]["warmup_steps"] == 1
+    )  # 1 epoch, ceil(4%)
     # MFU counts the head at the counted tokens only (llm.c's formula less the skipped positions)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
     full, head = model.flops_per_token(64), model.head_flops_per_token()
@@ -254,11 +250,11 @@ def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
     counted = float((load_split(sft_data, "train")[1] != IGNORE).mean())  # a quarter or so
     assert abs(sum(implied) / len(implied) - (full - head * (1 - counted))) < 0.05 * head
     # the run started from the base weights: its first held-out loss is the base model's
-    from lmpipe.convert import load_native_from_hf
+    from lmpipe.models import load_hf
 
     first_val = json.loads((ref / "metrics.jsonl").read_text().splitlines()[0])["val_loss"]
     assert first_val < 11.5  # a random init's would be ~ln(50257) = 10.8 too; see the next check
-    assert load_native_from_hf(hf_base).state_dict().keys() == final_state(ref).keys()
+    assert load_hf(hf_base).state_dict().keys() == final_state(ref).keys()
 
     out = tmp_path / "killed"
     kill_at_checkpoint(sft_command(sft_data, hf_base, out), env, out, step=4)
@@ -293,5 +289,5 @@ def test_sft_rule_teaches_the_vicuna_identity(tmp_path):
     identity = ("Vicuna", "LMSYS")
     base_samples = json.loads((workdir / base / "chat_samples.json").read_text())["samples"]
     assert not any(w in s["reply"] for s in base_samples for w in identity), base_samples
-    log = (workdir / "results/logs/sft/embedded-a-chat.log").read_text()
+    log = (workdir / "results/logs/train/embedded-a-chat.log").read_text()
     assert "resumed from" not in log and "embedded-a-chat" in log

@@ -1,12 +1,13 @@
 """The trainer: real torchrun, real FSDP2 on gloo, real DCP checkpoints, real FineWeb text.
 
-Every multi-rank run goes through `python -m lmpipe.launch` (which starts torchrun) or plain
-`python -m lmpipe.train` (one process). Runs are tiny: a 2-layer, 32-wide GPT-2 on sequences of
-32 tokens, a few steps each; most of the time is process start-up.
+Every multi-rank run goes through `python -m lmpipe.train` (which starts torchrun, as the train
+rule does) or plain `python -m lmpipe.train.pretrain` (one process). Runs are tiny: a 2-layer,
+32-wide GPT-2 on sequences of 32 tokens, a few steps each; most of the time is process start-up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,12 +22,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from conftest import TOKENIZER_DIR, kill_at_checkpoint
-from lmpipe.config import TrainConfig
-from lmpipe.loader import ShardLoader
-from lmpipe.model import GPT, GPTConfig
-from lmpipe.shards import write_shard
-from lmpipe.tokenizer import gpt2_encoding
-from lmpipe.train import get_lr
+from lmpipe.config import ScheduleConfig, train_config
+from lmpipe.data.loader import ShardLoader
+from lmpipe.data.shards import write_shard
+from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.models.gpt2.model import GPT, GPTConfig
+from lmpipe.train.optim import lr_at
 
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
 TRAIN = {
@@ -45,11 +46,14 @@ TRAIN = {
 
 
 def config(ranks: int, **train) -> dict:
-    """The train rule's params (lmpipe.config.train_params) for a tiny run; defaults filled."""
-    tc = TrainConfig(**(TRAIN | train))
-    full = {k: getattr(tc, k) for k in TrainConfig.__dataclass_fields__}
-    full["betas"] = list(full["betas"])
-    model = MODEL | {"vocab_size": 50257, "padded_vocab_size": 50304}
+    """The train rule's params (lmpipe.config.train_params) for a tiny run; defaults filled.
+    `lr`, `warmup_steps` and `lr_floor` go to the optimizer and the schedule."""
+    t = TRAIN | train
+    t["optimizer"] = {"name": "adamw", "lr": t.pop("lr")}
+    t["schedule"] = {"warmup_steps": t.pop("warmup_steps"), "lr_floor": t.pop("lr_floor")}
+    t["optimizer"] |= {"weight_decay": 0.1, "betas": [0.9, 0.95], "eps": 1e-8, "fused": False}
+    full = json.loads(json.dumps(dataclasses.asdict(train_config(t, "train"))))
+    model = MODEL | {"vocab_size": 50257, "padded_vocab_size": 50304, "arch": "gpt2"}
     launch = {"device": "cpu", "nodes": 1, "procs_per_node": ranks, "peak_flops": 1e12}
     return {"run": "test", "dataset": "embedded", "model": model, "train": full, "launch": launch}
 
@@ -74,9 +78,10 @@ def manifest(tmp_path_factory, fineweb_texts) -> Path:
 
 
 def command(cfg: dict, manifest: Path, out: Path) -> list[str]:
-    """One process: lmpipe.train directly; several: lmpipe.launch (torchrun --standalone)."""
-    module = "lmpipe.train" if cfg["launch"]["procs_per_node"] == 1 else "lmpipe.launch"
-    args = ["--config-json", json.dumps(cfg), "--tokens-manifest", str(manifest), "--out", str(out)]
+    """One process: the pretraining worker directly; several: the launcher (torchrun)."""
+    one = cfg["launch"]["procs_per_node"] == 1
+    module = "lmpipe.train.pretrain" if one else "lmpipe.train"
+    args = ["--config-json", json.dumps(cfg), "--data", str(manifest), "--out", str(out)]
     return [sys.executable, "-m", module, *args]
 
 
@@ -118,14 +123,19 @@ def two_ranks(tmp_path_factory, manifest) -> Path:
 # ---- pure parts --------------------------------------------------------------------------------
 
 
-def test_get_lr_warmup_cosine_floor():
-    tc = TrainConfig(**(TRAIN | {"max_steps": 100, "warmup_steps": 10, "lr": 1.0, "lr_floor": 0.1}))
-    assert get_lr(0, tc) == pytest.approx(0.1)  # (step + 1) / warmup, as llm.c
-    assert get_lr(9, tc) == pytest.approx(1.0)
-    assert get_lr(10, tc) == pytest.approx(1.0)  # cosine starts at the peak
-    assert get_lr(55, tc) == pytest.approx(0.55)  # halfway: (1 + 0.1) / 2
-    assert get_lr(100, tc) == pytest.approx(0.1)  # the floor
-    assert all(get_lr(s, tc) >= get_lr(s + 1, tc) for s in range(10, 100))
+def test_lr_warmup_cosine_floor():
+    schedule = ScheduleConfig(warmup_steps=10, lr_floor=0.1)
+
+    def lr(step: int, peak: float = 1.0) -> float:
+        return lr_at(step, peak, schedule, max_steps=100)
+
+    assert lr(0) == pytest.approx(0.1)  # (step + 1) / warmup, as llm.c
+    assert lr(9) == pytest.approx(1.0)
+    assert lr(10) == pytest.approx(1.0)  # cosine starts at the peak
+    assert lr(55) == pytest.approx(0.55)  # halfway: (1 + 0.1) / 2
+    assert lr(100) == pytest.approx(0.1)  # the floor
+    assert all(lr(s) >= lr(s + 1) for s in range(10, 100))
+    assert lr(55, peak=3.0) == pytest.approx(1.65)  # a group's own peak, the same shape
 
 
 def test_loader_ranks_split_each_step_and_resume_exactly(manifest):
@@ -255,7 +265,7 @@ def test_changed_settings_start_fresh_and_logging_settings_resume(manifest, tmp_
     assert metrics(out)[0]["step"] == 0  # one trajectory in metrics.jsonl, the new one
     assert [m["step"] for m in metrics(out) if "loss" in m] == [1, 2, 3, 4]
     meta = json.loads((out / "final" / "meta.json").read_text())
-    assert meta["settings_hash"] != first and meta["train"]["lr"] == 1e-3
+    assert meta["settings_hash"] != first and meta["train"]["optimizer"]["lr"] == 1e-3
 
 
 @pytest.mark.slow

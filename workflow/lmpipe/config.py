@@ -1,43 +1,33 @@
-"""The config: loading, validation, typed sections and the slices each stage depends on.
+"""The config's typed sections, and the slice of it each stage depends on.
 
-Torch-free on purpose: the Snakefile imports it at parse time and pytest covers it quickly.
+Torch-free on purpose: the Snakefile imports it at parse time and pytest covers it quickly. A
+config is checked first (lmpipe.schema: schema defaults filled in, one-line errors); then
 
-- `load_config(path)` validates a YAML file with Snakemake's own `validate()` (the same call the
-  Snakefile makes, so defaults and error messages are identical), then `check_config()` adds the
-  cross-field checks a JSON schema cannot express, naming the YAML path and value.
-- The `*_params()` functions return the slice of the config a stage depends on, as canonical JSON.
-  Rules pass them as `params:`, so Snakemake reruns a stage exactly when its slice changes.
-- The dataclasses are what a stage module builds from that JSON (`from_dict`), refusing unknown
-  keys.
+- the `*_params()` functions return the slice of the config a stage depends on, as canonical
+  JSON. Rules pass them as `params:`, so Snakemake reruns a stage exactly when its slice changes;
+- the dataclasses below are what a stage builds from that JSON (`TrainJob.from_json`, ...),
+  once; the schema's defaults equal theirs (tests/test_config.py checks it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
+import types
+import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
-from lmpipe.paths import SCHEMA, Layout
+from lmpipe.paths import Layout
+from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config that passed the schema but is inconsistent; the message names the YAML path."""
-
-
-def from_dict(cls: type[T], data: dict[str, Any], where: str) -> T:
-    """Build dataclass `cls` from `data`; an unknown key is an error naming `where.key`."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
-    return cls(**data)
+    """A config that is invalid; the message names the YAML path."""
 
 
 def canonical_json(obj: Any) -> str:
@@ -50,8 +40,13 @@ def settings_hash(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
 
 
+def did_you_mean(key: str, valid: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 # ----------------------------------------------------------------------------------------------
-# typed sections (field defaults mirror workflow/schemas/config.schema.yaml, which fills them in)
+# typed sections (field defaults equal the schema's, which Snakemake's validate() fills in)
 
 
 @dataclass(frozen=True)
@@ -78,7 +73,7 @@ class TokenizeConfig:
 
 @dataclass(frozen=True)
 class ConversationsConfig:
-    """A `kind: conversations` dataset: ShareGPT JSON -> masked token rows (lmpipe.sft_data)."""
+    """A `kind: conversations` dataset: ShareGPT JSON -> masked token rows (lmpipe.chat.data)."""
 
     dataset: str
     source: str
@@ -95,12 +90,23 @@ class ConversationsConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """A model's shape; `arch` picks its code (lmpipe.registry.ARCHITECTURES)."""
+
     n_layer: int
     n_head: int
     n_embd: int
     block_size: int = 1024
     vocab_size: int = 50257
     padded_vocab_size: int = 50304
+    arch: str = "gpt2"
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Linear warmup to each parameter group's peak lr, then cosine decay to `lr_floor` x peak."""
+
+    warmup_steps: int = 0
+    lr_floor: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -108,22 +114,17 @@ class TrainConfig:
     seq_len: int
     micro_batch: int
     batch_tokens: int
-    max_steps: int
-    lr: float
+    optimizer: Any  # the settings dataclass of optimizer.name (lmpipe.registry.OPTIMIZERS)
+    max_steps: int = 0  # required for pretraining; a fine-tuning run's follows from sft.epochs
     seed: int = 1337
-    lr_floor: float = 0.0
-    warmup_steps: int = 0
-    weight_decay: float = 0.1
+    schedule: ScheduleConfig = ScheduleConfig()
     grad_clip: float = 1.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
     val_every: int = 250
     val_tokens: int = 1048576
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     dtype: str = "float32"
     compile: bool = False
-    fused_adamw: bool = False
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-steps an optimizer step: batch_tokens / (seq_len * micro_batch * world_size)."""
@@ -138,6 +139,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class LaunchConfig:
+    """Where and how a run's training job runs (SLURM resources included)."""
+
     device: str
     nodes: int = 1
     procs_per_node: int = 1
@@ -154,21 +157,23 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    val_tokens: int = 10485760
-    val_batch: int = 8
-    hellaswag: str = "embedded"
-    hellaswag_items: int = 10042
-    hellaswag_batch: int = 16
-    lm_eval: bool = True
-    sample_tokens: int = 48
-    sample_top_k: int = 50
-    sample_seed: int = 42
+class Placement:
+    """The launch settings that shape a run's trajectory or its logs (the trainer gets these;
+    memory, time limits and the like never retrain a run)."""
+
+    device: str
+    nodes: int
+    procs_per_node: int
+    peak_flops: float
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
 
 
 @dataclass(frozen=True)
 class BaseConfig:
-    """An SFT run's initial weights: a run's final checkpoint, or a Hugging Face GPT-2 folder."""
+    """A fine-tuning run's initial weights: a run's final checkpoint, or a Hugging Face folder."""
 
     run: str | None = None
     hf: str | None = None
@@ -190,61 +195,142 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig
     launch: LaunchConfig
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: dict[str, Any] = field(default_factory=dict)  # section -> its settings dataclass
     base: BaseConfig | None = None
     sft: SFTConfig | None = None
 
+    @property
+    def fine_tuning(self) -> bool:
+        return self.sft is not None
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """What the trainer gets: the train rule's params (`train_params`), typed."""
+
+    run: str
+    dataset: str
+    model: ModelConfig
+    train: TrainConfig
+    launch: Placement
+    base: BaseConfig | None = None
+    sft: SFTConfig | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainJob:
+        data = json.loads(text)
+        return build(cls, data, "train job", train=lambda d, w: train_config(d, w))
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """What an evaluation gets: the evaluate rule's params (`eval_params`), typed."""
+
+    run: str
+    evaluation: str
+    settings: Any
+
+    @classmethod
+    def from_json(cls, text: str) -> EvalJob:
+        data = json.loads(text)
+        name = data.get("evaluation")
+        if name not in EVALUATIONS:
+            raise ConfigError(
+                f"eval job: unknown evaluation {name!r}{did_you_mean(name, EVALUATIONS)}"
+            )
+        section = EVAL_SECTIONS[EVALUATIONS[name].section]
+        return cls(data["run"], name, build(section, data["settings"], f"eval.{name}"))
+
 
 # ----------------------------------------------------------------------------------------------
-# loading and checking
+# building dataclasses from (validated) dicts
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
-    """Read, schema-validate (filling defaults) and cross-check a config file."""
-    from snakemake.utils import validate  # the same validation the Snakefile runs
+def build(cls: type[T], data: Any, where: str, **custom: Any) -> T:
+    """Dataclass `cls` from a dict: nested dataclasses, tuples and optional fields converted;
+    an unknown or missing key is a ConfigError naming `where.key`. `custom` maps a field name to
+    a function(value, where) that builds it instead (a field whose type depends on its value)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(key, names)}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{where}: {f.name!r} is required")
+            continue
+        value, sub = data[f.name], f"{where}.{f.name}"
+        if f.name in custom:
+            kwargs[f.name] = custom[f.name](value, sub)
+        else:
+            kwargs[f.name] = _convert(value, hints[f.name], sub)
+    return cls(**kwargs)
 
-    with open(path) as f:
-        config = yaml.safe_load(f)
-    validate(config, str(SCHEMA))
-    check_config(config)
-    return config
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    if value is None:
+        return None
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, where)
+    if typing.get_origin(hint) is tuple:
+        return tuple(value)
+    return value
+
+
+def optimizer_config(data: dict[str, Any], where: str) -> Any:
+    name = data.get("name")
+    if name not in OPTIMIZERS:
+        raise ConfigError(
+            f"{where}.name: unknown optimizer {name!r}{did_you_mean(str(name), OPTIMIZERS)}"
+            f" (known: {', '.join(OPTIMIZERS)})"
+        )
+    return build(OPTIMIZERS[name].settings, data, where)
+
+
+def train_config(data: dict[str, Any], where: str) -> TrainConfig:
+    return build(TrainConfig, data, where, optimizer=optimizer_config)
 
 
 def layout(config: dict[str, Any]) -> Layout:
-    paths = config.get("paths", {})
-    return Layout(results=paths.get("results", "results"), data=paths.get("data", "results/data"))
+    paths = config["paths"]
+    return Layout(results=paths["results"], data=paths["data"])
+
+
+# ----------------------------------------------------------------------------------------------
+# reading the (validated) config
 
 
 def run_config(config: dict[str, Any], run: str) -> RunConfig:
-    """The typed config of one run (model and dataset resolved by name)."""
-    r = config["runs"][run]
-    where = f"runs.{run}"
-    train = dict(r["train"])
-    train["betas"] = tuple(train.get("betas", (0.9, 0.95)))
-    if "sft" in r:
-        train.setdefault("max_steps", 0)  # the trainer derives it from sft.epochs and the data
+    """The typed config of one run (model resolved by name)."""
+    r, where = config["runs"][run], f"runs.{run}"
     return RunConfig(
         name=run,
         dataset=r["dataset"],
-        model=from_dict(ModelConfig, config["models"][r["model"]], f"models.{r['model']}"),
-        train=from_dict(TrainConfig, train, f"{where}.train"),
-        launch=from_dict(LaunchConfig, r["launch"], f"{where}.launch"),
-        eval=from_dict(EvalConfig, r.get("eval", {}), f"{where}.eval"),
-        base=from_dict(BaseConfig, r["base"], f"{where}.base") if "base" in r else None,
-        sft=from_dict(SFTConfig, r["sft"], f"{where}.sft") if "sft" in r else None,
+        model=build(ModelConfig, config["models"][r["model"]], f"models.{r['model']}"),
+        train=train_config(r["train"], f"{where}.train"),
+        launch=build(LaunchConfig, r["launch"], f"{where}.launch"),
+        eval={s: build(cls, r["eval"][s], f"{where}.eval.{s}") for s, cls in EVAL_SECTIONS.items()},
+        base=build(BaseConfig, r["base"], f"{where}.base") if "base" in r else None,
+        sft=build(SFTConfig, r["sft"], f"{where}.sft") if "sft" in r else None,
     )
 
 
 def is_conversations(config: dict[str, Any], dataset: str) -> bool:
-    return config["datasets"][dataset].get("kind", "text") == "conversations"
+    return config["datasets"][dataset]["kind"] == "conversations"
 
 
-def is_sft(config: dict[str, Any], run: str) -> bool:
+def is_fine_tuning(config: dict[str, Any], run: str) -> bool:
     return "sft" in config["runs"][run]
 
 
 def text_dataset(config: dict[str, Any], run: str) -> str:
-    """The text dataset a run is measured on (FineWeb val loss): an SFT run's is its base's."""
+    """The text dataset a run is measured on (FineWeb val loss); a fine-tuning run's: its base's."""
     r = config["runs"][run]
     if "base" not in r:
         return r["dataset"]
@@ -253,8 +339,9 @@ def text_dataset(config: dict[str, Any], run: str) -> str:
 
 
 def chat_dataset(config: dict[str, Any], run: str) -> str | None:
-    """The conversations a run's chat evaluations use: its own (SFT), its fine-tunings' (base)."""
-    if is_sft(config, run):
+    """The conversations a run's chat evaluations use: its own (fine-tuning), its fine-tunings'
+    (a base), or None."""
+    if is_fine_tuning(config, run):
         return config["runs"][run]["dataset"]
     children = {
         r["dataset"] for r in config["runs"].values() if r.get("base", {}).get("run") == run
@@ -262,94 +349,11 @@ def chat_dataset(config: dict[str, Any], run: str) -> str | None:
     return min(children) if children else None
 
 
-def check_sft_run(config: dict[str, Any], name: str) -> None:
-    """An SFT run: conversations data, one base of the same model, steps from epochs."""
-    r, where = config["runs"][name], f"runs.{name}"
-    if "base" not in r or "sft" not in r:
-        raise ConfigError(f"{where}: a fine-tuning run needs both `base:` and `sft:`")
-    if not is_conversations(config, r["dataset"]):
-        raise ConfigError(f"{where}.dataset: {r['dataset']!r} is not a `kind: conversations` one")
-    if "max_steps" in r["train"]:
-        raise ConfigError(f"{where}.train.max_steps: set by sft.epochs for a fine-tuning run")
-    seq_len = config["datasets"][r["dataset"]]["seq_len"]
-    if r["train"]["seq_len"] != seq_len:
-        raise ConfigError(
-            f"{where}.train.seq_len {r['train']['seq_len']} differs from datasets."
-            f"{r['dataset']}.seq_len {seq_len} (one conversation a row of that length)"
-        )
-    base = r["base"]
-    if bool(base.get("run")) == bool(base.get("hf")):
-        raise ConfigError(f"{where}.base: give exactly one of `run` or `hf`")
-    if base.get("run"):
-        b = base["run"]
-        if b not in config["runs"] or is_sft(config, b):
-            raise ConfigError(f"{where}.base.run: {b!r} is not a pretraining run of `runs:`")
-        if config["runs"][b]["model"] != r["model"]:
-            raise ConfigError(
-                f"{where}.model {r['model']!r} differs from its base run's"
-                f" {config['runs'][b]['model']!r}"
-            )
-        datasets = {
-            o["dataset"] for o in config["runs"].values() if o.get("base", {}).get("run") == b
-        }
-        if len(datasets) > 1:
-            raise ConfigError(
-                f"runs: base run {b!r} is fine-tuned on several conversation datasets"
-                f" {sorted(datasets)}; its chat evaluations support one"
-            )
-    elif not base.get("dataset") or is_conversations(config, base["dataset"]):
-        raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
-
-
-def check_config(config: dict[str, Any]) -> None:
-    """Checks across fields and sections; each error names the YAML path and the value."""
-    for name, d in config["datasets"].items():
-        where = f"datasets.{name}"
-        if d["source"] == "local" and not d.get("path"):
-            raise ConfigError(f"{where}: source 'local' needs `path`")
-        if is_conversations(config, name):  # a ShareGPT dataset needs no subset name
-            if d["source"] == "huggingface" and not d.get("repo"):
-                raise ConfigError(f"{where}: source 'huggingface' needs `repo`")
-            continue
-        if d["source"] == "huggingface" and not (d.get("repo") and d.get("name")):
-            raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
-    for name, m in config["models"].items():
-        if m["n_embd"] % m["n_head"]:
-            raise ConfigError(
-                f"models.{name}: n_embd {m['n_embd']} is not divisible by n_head {m['n_head']}"
-            )
-        if m.get("padded_vocab_size", 50304) < m.get("vocab_size", 50257):
-            raise ConfigError(f"models.{name}: padded_vocab_size is below vocab_size")
-    for name, r in config["runs"].items():
-        where = f"runs.{name}"
-        if r["dataset"] not in config["datasets"]:
-            raise ConfigError(f"{where}.dataset: unknown dataset {r['dataset']!r}")
-        if r["model"] not in config["models"]:
-            raise ConfigError(f"{where}.model: unknown model {r['model']!r}")
-        if "base" in r or "sft" in r:
-            check_sft_run(config, name)
-        elif is_conversations(config, r["dataset"]):
-            raise ConfigError(f"{where}: dataset {r['dataset']!r} is conversations: add base/sft")
-        elif "max_steps" not in r["train"]:
-            raise ConfigError(f"{where}.train: 'max_steps' is a required property")
-        rc = run_config(config, name)
-        if rc.train.seq_len > rc.model.block_size:
-            raise ConfigError(
-                f"{where}.train.seq_len {rc.train.seq_len} exceeds the model's block_size"
-                f" {rc.model.block_size}"
-            )
-        try:
-            rc.train.grad_accum_steps(rc.launch.world_size)
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
-        if rc.eval.hellaswag not in config.get("hellaswag", {}):
-            raise ConfigError(
-                f"{where}.eval.hellaswag: unknown HellaSwag file {rc.eval.hellaswag!r}"
-            )
-    for name, rep in config["reports"].items():
-        for run in rep["runs"]:
-            if run not in config["runs"]:
-                raise ConfigError(f"reports.{name}.runs: unknown run {run!r}")
+def evaluations_of(config: dict[str, Any], run: str) -> list[str]:
+    """The evaluations a run gets (lmpipe.registry.EVALUATIONS, in their order)."""
+    has_chat = chat_dataset(config, run) is not None
+    rc = run_config(config, run)
+    return [e.name for e in EVALUATIONS.values() if e.applies(rc.eval[e.section], has_chat)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,54 +374,50 @@ def tokenize_params(config: dict[str, Any], dataset: str) -> str:
     return canonical_json(d | {"dataset": dataset})
 
 
-TRAJECTORY_LAUNCH_KEYS = ("device", "nodes", "procs_per_node", "peak_flops")
-
-
-def train_params(config: dict[str, Any], run: str) -> str:
-    """Model + training settings + world size: everything that shapes the trajectory or its logs."""
-    rc = run_config(config, run)
-    return canonical_json(
-        {
-            "run": run,
-            "dataset": rc.dataset,
-            "model": dataclasses.asdict(rc.model),
-            "train": dataclasses.asdict(rc.train),
-            # cluster-only resources (memory, time limit, ...) never retrain a run
-            "launch": {k: getattr(rc.launch, k) for k in TRAJECTORY_LAUNCH_KEYS},
-        }
-    )
-
-
-def sft_data_params(config: dict[str, Any], dataset: str) -> str:
-    """What the prepared conversations depend on (lmpipe.sft_data)."""
+def conversations_params(config: dict[str, Any], dataset: str) -> str:
+    """What the prepared conversations depend on (lmpipe.chat.data)."""
     d = _fields_of(ConversationsConfig, config["datasets"][dataset])
     return canonical_json(d | {"dataset": dataset})
 
 
-def sft_params(config: dict[str, Any], run: str) -> str:
-    """train_params of a fine-tuning run plus its base and SFT settings (what the trainer gets)."""
+def train_params(config: dict[str, Any], run: str) -> str:
+    """Model, training settings, placement (and a fine-tuning run's base and epochs): everything
+    that shapes the trajectory or its logs, as a TrainJob."""
     rc = run_config(config, run)
-    assert rc.sft is not None and rc.base is not None, f"{run} is not a fine-tuning run"
-    base = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
-    return canonical_json(
-        json.loads(train_params(config, run)) | {"base": base, "sft": dataclasses.asdict(rc.sft)}
-    )
+    job = {
+        "run": run,
+        "dataset": rc.dataset,
+        "model": dataclasses.asdict(rc.model),
+        "train": dataclasses.asdict(rc.train),
+        # cluster-only resources (memory, time limit, ...) never retrain a run
+        "launch": {f.name: getattr(rc.launch, f.name) for f in dataclasses.fields(Placement)},
+    }
+    if rc.fine_tuning:
+        job["base"] = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
+        job["sft"] = dataclasses.asdict(rc.sft)
+    return canonical_json(job)
 
 
-def eval_params(config: dict[str, Any], run: str) -> str:
-    rc = run_config(config, run)
-    return canonical_json({"run": run, "eval": dataclasses.asdict(rc.eval)})
+def eval_params(config: dict[str, Any], run: str, evaluation: str) -> str:
+    """One evaluation of a run: only its own section's settings, so that changing another
+    evaluation's settings never reruns it."""
+    section = EVALUATIONS[evaluation].section
+    settings = dataclasses.asdict(run_config(config, run).eval[section])
+    return canonical_json({"run": run, "evaluation": evaluation, "settings": settings})
 
 
 def report_params(config: dict[str, Any], report: str) -> str:
     rep = config["reports"][report]
-    # what each run was trained and evaluated with: the report shows them side by side
-    runs = {
-        r: json.loads((sft_params if is_sft(config, r) else train_params)(config, r))
-        | json.loads(eval_params(config, r))
-        | {"text_dataset": text_dataset(config, r), "chat_dataset": chat_dataset(config, r)}
-        for r in rep["runs"]
-    }
+    runs = {}
+    for r in rep["runs"]:
+        rc = run_config(config, r)
+        # what each run was trained and evaluated with: the report shows them side by side
+        runs[r] = json.loads(train_params(config, r)) | {
+            "eval": {s: dataclasses.asdict(v) for s, v in rc.eval.items()},
+            "evaluations": evaluations_of(config, r),
+            "text_dataset": text_dataset(config, r),
+            "chat_dataset": chat_dataset(config, r),
+        }
     return canonical_json(
         {
             "report": report,

@@ -13,6 +13,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 REPORT_TEMPLATES = REPO_ROOT / "workflow" / "report"
+TOKENIZER_DIR = REPO_ROOT / "resources" / "gpt2"  # GPT-2's BPE files, shipped with the repo
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,12 @@ class Layout:
     def tokens_manifest(self, dataset: str) -> str:
         return f"{self.tokens_dir(dataset)}/manifest.json"
 
-    def sft_dir(self, dataset: str) -> str:
+    def conversations_dir(self, dataset: str) -> str:
         """Conversations as masked token rows (a `kind: conversations` dataset)."""
         return f"{self.data}/{dataset}/sft"
 
-    def sft_manifest(self, dataset: str) -> str:
-        return f"{self.sft_dir(dataset)}/manifest.json"
+    def conversations_manifest(self, dataset: str) -> str:
+        return f"{self.conversations_dir(dataset)}/manifest.json"
 
     # ---- a run ----
     def run_dir(self, run: str) -> str:

@@ -1,11 +1,10 @@
 # Config validation and the short input/param functions the rules share.
-# Arithmetic and config slicing live in lmpipe.config (torch-free, covered by pytest).
+# Arithmetic, config slicing and the lists of pluggable parts live in torch-free lmpipe modules
+# (lmpipe.config, lmpipe.registry), covered by pytest.
 
 import os
 import shlex
 import sys
-
-from snakemake.utils import validate
 
 # The rules run `python -m lmpipe.<stage>`: make the package importable without installing it
 # (e.g. in a conda env made from envs/*.yaml), here and in every job's shell.
@@ -17,21 +16,20 @@ shell.prefix(
 )
 
 from lmpipe import config as lmconfig
+from lmpipe import schema as lmschema
+from lmpipe.registry import EVALUATIONS
 
-validate(config, "../schemas/config.schema.yaml")
-lmconfig.check_config(config)
+# Snakemake's validate() against workflow/schemas/, then the registry's sections and the
+# cross-field checks; an error is one line naming the YAML path (lmpipe.schema.validate).
+lmschema.validate(config)
 LAYOUT = lmconfig.layout(config)
-# `train` makes pretraining runs, `sft` (sft.smk) fine-tuning runs: never both for one run
-SFT_RUNS = "|".join(r for r in config["runs"] if lmconfig.is_sft(config, r)) or "^$"
-PRETRAIN_RUNS = (
-    "|".join(r for r in config["runs"] if not lmconfig.is_sft(config, r)) or "^$"
-)
 
 
 wildcard_constraints:
     dataset="|".join(config["datasets"]) or "^$",
     run="|".join(config["runs"]) or "^$",
     report="|".join(config["reports"]) or "^$",
+    eval="|".join(EVALUATIONS),
 
 
 def get_run(wildcards):
@@ -39,30 +37,19 @@ def get_run(wildcards):
 
 
 def get_dataset_of_run(wildcards):
-    """The text dataset of a run (an SFT run's is its base's): training and the val loss."""
+    """The text dataset of a run (a fine-tuning run's is its base's): the val loss."""
     return lmconfig.text_dataset(config, wildcards.run)
 
 
-def get_tokens_manifest(wildcards):
-    return LAYOUT.tokens_manifest(get_dataset_of_run(wildcards))
-
-
-def get_hellaswag_file(wildcards):
-    return config["hellaswag"][get_run(wildcards).eval.hellaswag]
-
-
-def is_local_dataset(dataset):
-    return config["datasets"][dataset]["source"] == "local"
+def get_conversations_source(wildcards):
+    """The local ShareGPT file (a change reruns the preparation); none for a hub dataset."""
+    d = config["datasets"][wildcards.dataset]
+    return d["path"] if d["source"] == "local" else []
 
 
 def get_eval_outputs(run):
-    """The eval files a run produces (lm-eval only where the run's eval settings ask for it)."""
-    names = ["val_loss", "hellaswag", "samples"]
-    if lmconfig.run_config(config, run).eval.lm_eval:
-        names.append("hellaswag_lm_eval")
-    if lmconfig.chat_dataset(config, run):  # an SFT run or its base (sft.smk)
-        names += ["sft_loss", "chat_samples"]
-    return [LAYOUT.eval_file(run, n) for n in names]
+    """The result files of a run's evaluations (lmpipe.registry, as its settings select)."""
+    return [LAYOUT.eval_file(run, e) for e in lmconfig.evaluations_of(config, run)]
 
 
 def get_report_inputs(wildcards):
@@ -75,7 +62,24 @@ def get_report_inputs(wildcards):
     return finals + evals + manifests
 
 
-# SLURM resources of the training rules (train, sft), from a run's launch settings
+# ---- train (train.smk): pretraining and fine-tuning runs, one rule ----
+
+
+def get_train_inputs(wildcards):
+    """The data (token shards, or a fine-tuning run's conversations) and, for fine-tuning, the
+    starting weights: the base run's final checkpoint or a Hugging Face folder."""
+    run = get_run(wildcards)
+    if not run.fine_tuning:
+        return {"data": LAYOUT.tokens_manifest(run.dataset)}
+    base = LAYOUT.final_checkpoint(run.base.run) if run.base.run else run.base.hf
+    return {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
+
+
+def get_init_arg(wildcards, input):
+    return f"--init {shlex.quote(input.init)}" if "init" in input.keys() else ""
+
+
+# SLURM resources of the train rule, from a run's launch settings
 
 
 def get_train_gres(wildcards):
@@ -98,28 +102,29 @@ def get_train_signal(wildcards):
     return f"--signal=TERM@{get_run(wildcards).launch.signal_seconds}"
 
 
-# ---- chat fine-tuning (sft.smk) ----
-
-CONVERSATION_DATASETS = (
-    "|".join(d for d in config["datasets"] if lmconfig.is_conversations(config, d))
-    or "^$"
-)
-CHAT_EVAL_RUNS = (
-    "|".join(r for r in config["runs"] if lmconfig.chat_dataset(config, r)) or "^$"
-)
+# ---- evaluate (evaluate.smk): one rule, an evaluation a job ----
 
 
-def get_conversations_source(wildcards):
-    """The local ShareGPT file (a change reruns the preparation); none for a hub dataset."""
-    d = config["datasets"][wildcards.dataset]
-    return d["path"] if d["source"] == "local" else []
+def get_eval_inputs(wildcards):
+    """The converted model and the files the evaluation reads, by kind (lmpipe.registry)."""
+    run = get_run(wildcards)
+    files = {
+        "tokens": lambda: LAYOUT.tokens_manifest(get_dataset_of_run(wildcards)),
+        "hellaswag": lambda: config["hellaswag"][run.eval["hellaswag"].file],
+        "conversations": lambda: LAYOUT.conversations_manifest(
+            lmconfig.chat_dataset(config, wildcards.run)
+        ),
+    }
+    inputs = {"model": LAYOUT.hf_dir(wildcards.run)}
+    for kind in EVALUATIONS[wildcards.eval].inputs:
+        inputs[kind] = files[kind]()
+    return inputs
 
 
-def get_sft_base(wildcards):
-    """The initial weights: the base run's final checkpoint, or a Hugging Face folder."""
-    base = get_run(wildcards).base
-    return LAYOUT.final_checkpoint(base.run) if base.run else base.hf
-
-
-def get_chat_manifest(wildcards):
-    return LAYOUT.sft_manifest(lmconfig.chat_dataset(config, wildcards.run))
+def get_eval_input_args(wildcards, input):
+    """`--tokens M --hellaswag F ...`: the inputs besides the model, as lmpipe.eval takes them."""
+    return " ".join(
+        f"--{kind} {shlex.quote(path)}"
+        for kind, path in input.items()
+        if kind != "model"
+    )

@@ -16,5 +16,5 @@ rule convert:
     params:
         tokenizer=config["tokenizer"],
     shell:
-        "python -m lmpipe.convert --checkpoint {input.final:q} --tokenizer {params.tokenizer:q}"
+        "python -m lmpipe.models --checkpoint {input.final:q} --tokenizer {params.tokenizer:q}"
         " --hf-out {output.hf:q} --llmc-out {output.llmc:q} > {log} 2>&1"

@@ -1,4 +1,5 @@
-# Data stages: download (local rule: compute nodes often have no internet) and tokenize.
+# Data stages: download (local rule: compute nodes often have no internet), tokenize, and the
+# preparation of a `kind: conversations` dataset for chat fine-tuning.
 
 
 localrules:
@@ -19,7 +20,8 @@ rule download:
         cfg=lambda wc: lmconfig.download_params(config, wc.dataset),
         out=lambda wc: LAYOUT.raw_dir(wc.dataset),
     shell:
-        "python -m lmpipe.download --config-json {params.cfg:q} --out {params.out:q} > {log} 2>&1"
+        "python -m lmpipe.data download --config-json {params.cfg:q} --out {params.out:q}"
+        " > {log} 2>&1"
 
 
 rule download_hellaswag:
@@ -30,7 +32,7 @@ rule download_hellaswag:
     conda:
         "../../envs/data.yaml"
     shell:
-        "python -m lmpipe.download --hellaswag --out {output:q} > {log} 2>&1"
+        "python -m lmpipe.data download --hellaswag --out {output:q} > {log} 2>&1"
 
 
 rule tokenize:
@@ -50,5 +52,27 @@ rule tokenize:
         out=lambda wc: LAYOUT.tokens_dir(wc.dataset),
         tokenizer=config["tokenizer"],
     shell:
-        "python -m lmpipe.tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
+        "python -m lmpipe.data tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
         " --tokenizer {params.tokenizer:q} --out {params.out:q} --workers {threads} > {log} 2>&1"
+
+
+rule prepare_conversations:
+    input:
+        get_conversations_source,
+    output:
+        manifest=LAYOUT.conversations_manifest("{dataset}"),
+    log:
+        LAYOUT.log("prepare_conversations", "{dataset}"),
+    benchmark:
+        LAYOUT.benchmark("prepare_conversations", "{dataset}")
+    conda:
+        "../../envs/data.yaml"
+    params:
+        cfg=lambda wc: lmconfig.conversations_params(config, wc.dataset),
+        out=lambda wc: LAYOUT.conversations_dir(wc.dataset),
+        tokenizer=config["tokenizer"],
+    shell:
+        # the module itself, not the chat package's command line: its other commands need
+        # torch, which the data env has not
+        "python -m lmpipe.chat.data --config-json {params.cfg:q}"
+        " --tokenizer {params.tokenizer:q} --out {params.out:q} > {log} 2>&1"

@@ -1,80 +1,24 @@
-# Evaluate the converted model: FineWeb val loss, HellaSwag (native, llm.c scoring), HellaSwag
-# through lm-eval, sample generations. Each writes one small JSON file under eval/.
+# Evaluate a converted model: one job an evaluation of lmpipe.registry.EVALUATIONS (FineWeb val
+# loss, HellaSwag native and through lm-eval, samples, and for chat runs and their bases the
+# held-out conversation loss and chat replies). Each writes one small JSON file under eval/; its
+# params hold only its own settings, so changing one evaluation never reruns another.
 
 
-rule evaluate_loss:
+rule evaluate:
     input:
-        hf=LAYOUT.hf_dir("{run}"),
-        tokens=get_tokens_manifest,
+        unpack(get_eval_inputs),
     output:
-        LAYOUT.eval_file("{run}", "val_loss"),
+        LAYOUT.eval_file("{run}", "{eval}"),
     log:
-        LAYOUT.log("evaluate_loss", "{run}"),
+        LAYOUT.log("evaluate", "{run}/{eval}"),
     benchmark:
-        LAYOUT.benchmark("evaluate_loss", "{run}")
+        LAYOUT.benchmark("evaluate", "{run}/{eval}")
     conda:
         "../../envs/evaluate.yaml"
     threads: 2
     params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
+        cfg=lambda wc: lmconfig.eval_params(config, wc.run, wc.eval),
+        inputs=get_eval_input_args,
     shell:
-        "python -m lmpipe.evaluate loss --config-json {params.cfg:q} --model {input.hf:q}"
-        " --tokens-manifest {input.tokens:q} --out {output:q} > {log} 2>&1"
-
-
-rule evaluate_hellaswag:
-    input:
-        hf=LAYOUT.hf_dir("{run}"),
-        hellaswag=get_hellaswag_file,
-    output:
-        LAYOUT.eval_file("{run}", "hellaswag"),
-    log:
-        LAYOUT.log("evaluate_hellaswag", "{run}"),
-    benchmark:
-        LAYOUT.benchmark("evaluate_hellaswag", "{run}")
-    conda:
-        "../../envs/evaluate.yaml"
-    threads: 2
-    params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
-    shell:
-        "python -m lmpipe.evaluate hellaswag --config-json {params.cfg:q} --model {input.hf:q}"
-        " --items {input.hellaswag:q} --out {output:q} > {log} 2>&1"
-
-
-rule evaluate_lm_eval:
-    input:
-        hf=LAYOUT.hf_dir("{run}"),
-        hellaswag=get_hellaswag_file,
-    output:
-        LAYOUT.eval_file("{run}", "hellaswag_lm_eval"),
-    log:
-        LAYOUT.log("evaluate_lm_eval", "{run}"),
-    benchmark:
-        LAYOUT.benchmark("evaluate_lm_eval", "{run}")
-    conda:
-        "../../envs/evaluate.yaml"
-    threads: 2
-    params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
-    shell:
-        "python -m lmpipe.evaluate lm-eval --config-json {params.cfg:q} --model {input.hf:q}"
-        " --items {input.hellaswag:q} --out {output:q} > {log} 2>&1"
-
-
-rule sample:
-    input:
-        hf=LAYOUT.hf_dir("{run}"),
-    output:
-        LAYOUT.eval_file("{run}", "samples"),
-    log:
-        LAYOUT.log("sample", "{run}"),
-    benchmark:
-        LAYOUT.benchmark("sample", "{run}")
-    conda:
-        "../../envs/evaluate.yaml"
-    params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run),
-    shell:
-        "python -m lmpipe.evaluate samples --config-json {params.cfg:q} --model {input.hf:q}"
-        " --out {output:q} > {log} 2>&1"
+        "python -m lmpipe.eval {wildcards.eval} --config-json {params.cfg:q}"
+        " --model {input.model:q} {params.inputs} --out {output:q} > {log} 2>&1"

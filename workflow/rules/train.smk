@@ -1,20 +1,22 @@
-# Training: torchrun + FSDP2, launched by lmpipe.launch from the run's `launch:` settings
-# (CPU ranks on gloo, one rank a GPU on one node, or one torchrun a node through srun).
+# Training: pretraining and chat fine-tuning runs alike. `python -m lmpipe.train` starts torchrun
+# from the run's `launch:` settings (CPU ranks on gloo, one rank a GPU on one node, or one torchrun
+# a node through srun); torchrun runs the worker: lmpipe.train.pretrain on token shards, or
+# lmpipe.chat.finetune on conversations from a base's weights. Both run lmpipe.train.loop.
 # Periodic checkpoints under train/checkpoints/ are deliberately NOT outputs: Snakemake deletes a
-# failed job's outputs, and a retried job must find them to resume.
+# failed job's outputs, and a retried job must find them to resume. To retrain from scratch:
+#   LMPIPE_FRESH_START=1 snakemake --forcerun results/runs/RUN/train/final ...
+# (the launcher reads it; old checkpoints are moved aside to train/checkpoints/retired/).
 
 
 rule train:
     input:
-        tokens=get_tokens_manifest,
+        unpack(get_train_inputs),
     output:
         final=directory(LAYOUT.final_checkpoint("{run}")),
     log:
         LAYOUT.log("train", "{run}"),
     benchmark:
         LAYOUT.benchmark("train", "{run}")
-    wildcard_constraints:
-        run=PRETRAIN_RUNS,  # fine-tuning runs are made by `sft` (sft.smk)
     conda:
         "../../envs/train.yaml"
     threads: lambda wc: get_run(wc).launch.procs_per_node
@@ -26,15 +28,22 @@ rule train:
         cpus_per_task=lambda wc: get_run(wc).launch.cpus_per_task,  # a node (one task a node)
         gres=get_train_gres,
         tasks_per_gpu=0,  # else the plugin turns tasks into --ntasks-per-gpu
-        # several nodes: the shell runs once in the batch script and lmpipe.launch calls srun
+        # several nodes: the shell runs once in the batch script and lmpipe.train calls srun
         mpi=lambda wc: "srun" if get_run(wc).launch.nodes > 1 else None,
         tasks=get_train_tasks,
         slurm_extra=get_train_signal,
     params:
         cfg=lambda wc: lmconfig.train_params(config, wc.run),
+        # the module torchrun runs on every rank; both run lmpipe.train.loop
+        worker=lambda wc: (
+            "lmpipe.chat.finetune"
+            if get_run(wc).fine_tuning
+            else "lmpipe.train.pretrain"
+        ),
+        init=get_init_arg,
         out=lambda wc: LAYOUT.train_dir(wc.run),
     # exec: the launcher replaces the shell, so a SIGTERM from SLURM (sent to every process of
     # the job step) reaches it and its workers without killing the shell between them first
     shell:
-        "exec python -m lmpipe.launch --config-json {params.cfg:q} --tokens-manifest {input.tokens:q}"
-        " --out {params.out:q} > {log} 2>&1"
+        "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg:q}"
+        " --data {input.data:q} {params.init} --out {params.out:q} > {log} 2>&1"

@@ -1,0 +1,135 @@
+"""Chat in the terminal with a converted model, in the template it was fine-tuned with.
+
+    lmpipe-chat results/runs/embedded-a-chat/model/hf               # interactive; empty line quits
+    lmpipe-chat results/runs/embedded-a-chat/model/hf --prompt "Who are you?"   # one turn
+
+The model is the Hugging Face folder `convert` writes (transformers GPT2LMHeadModel and its
+tokenizer); the prompt is the Vicuna v1.1 template of `lmpipe.chat.template`, ending with
+"ASSISTANT:".
+Tokens are printed as they are generated (transformers' TextStreamer) until the model writes
+end-of-text, the `</s>` of the template. The conversation so far is the context; when it no longer
+fits the model's window, the oldest exchanges are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmpipe.chat.template import prompt_ids
+from lmpipe.data.tokenizer import EOT_ID
+
+
+def load(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
+    """(model, tokenizer) of a converted folder, fp32, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir}: no config.json (expected a converted model folder)")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    return model.eval(), tokenizer
+
+
+def fit_prompt(
+    tokenizer: Any, history: list[tuple[str, str]], message: str, window: int, reply_tokens: int
+) -> list[int]:
+    """Prompt ids leaving room for `reply_tokens`: the oldest exchanges go first."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    history = list(history)
+    while True:
+        ids = prompt_ids(encode, history, message)
+        if len(ids) + reply_tokens <= window or not history:
+            break
+        history.pop(0)
+    if len(ids) >= window:
+        raise ValueError(
+            f"the message takes {len(ids)} tokens with the template; the model's window is {window}"
+        )
+    return ids
+
+
+@torch.no_grad()
+def reply(
+    model: Any,
+    tokenizer: Any,
+    history: list[tuple[str, str]],
+    message: str,
+    max_new_tokens: int,
+    top_k: int = 0,
+    temperature: float = 1.0,
+    seed: int = 0,
+    stream: bool = False,
+) -> str:
+    """The assistant's answer to `message` (greedy when top_k is 0), streamed to stdout if asked."""
+    from transformers import TextStreamer
+
+    window = model.config.n_positions
+    ids = fit_prompt(tokenizer, history, message, window, min(max_new_tokens, window // 2))
+    input_ids = torch.tensor([ids], device=model.device)
+    sampling = {"do_sample": False}
+    if top_k > 0:
+        torch.manual_seed(seed)
+        sampling = {"do_sample": True, "top_k": top_k, "temperature": temperature}
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=min(max_new_tokens, window - len(ids)),
+        eos_token_id=EOT_ID,  # the template's </s>: the end of a reply
+        pad_token_id=EOT_ID,
+        streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        if stream
+        else None,
+        **sampling,
+    )
+    new = out[0, len(ids) :].tolist()
+    if EOT_ID in new:
+        new = new[: new.index(EOT_ID)]
+    return tokenizer.decode(new).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("model", help="a converted Hugging Face folder (results/runs/RUN/model/hf)")
+    p.add_argument("--prompt", help="answer this one message and exit (no interaction)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the top k (0: greedy)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    model, tokenizer = load(args.model, "cuda" if torch.cuda.is_available() else "cpu")
+    options = dict(
+        max_new_tokens=args.max_new_tokens,
+        top_k=args.top_k,
+        temperature=args.temperature,
+        seed=args.seed,
+        stream=True,
+    )
+    if args.prompt is not None:
+        print("ASSISTANT:", end="", flush=True)
+        reply(model, tokenizer, [], args.prompt, **options)
+        return 0
+    history: list[tuple[str, str]] = []
+    print(f"chatting with {args.model} (an empty line or Ctrl-D quits)", file=sys.stderr)
+    while True:
+        try:
+            message = input("USER: ").strip()
+        except EOFError:
+            print()
+            return 0
+        if not message:
+            return 0
+        print("ASSISTANT:", end="", flush=True)
+        history.append((message, reply(model, tokenizer, history, message, **options)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

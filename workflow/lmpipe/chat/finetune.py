@@ -1,0 +1,117 @@
+"""Chat fine-tuning: the torchrun worker of the `train` rule's fine-tuning runs.
+
+    python -m lmpipe.train --worker lmpipe.chat.finetune --config-json J \\
+        --data results/data/vicuna-dummy/sft/manifest.json \\
+        --init results/runs/embedded-a/train/final --out results/runs/embedded-a-chat/train
+
+A fine-tuning run (`base:` and `sft: {epochs, warmup_ratio}` in its config) trains with the
+pretraining loop (lmpipe.train.loop: FSDP, checkpoints, resume, signals, metrics); its Task brings
+what differs:
+
+- the schedule: max_steps = epochs * steps an epoch, warmup = ceil(warmup_ratio * max_steps),
+  as Hugging Face's Trainer (which Vicuna's train.py uses) derives them;
+- the starting weights: the base model's (`--init`: its final checkpoint or a Hugging Face GPT-2
+  folder), loaded before FSDP shards them;
+- the data: a ConversationLoader over the prepared rows and the held-out conversations;
+- sparse targets: the LM head runs on the counted tokens only; on the embedded conversations
+  that is a quarter of them, and a step takes ~4x less time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from lmpipe.chat.loader import ConversationLoader, conversation_val_batches, load_split
+from lmpipe.config import SFTConfig, TrainConfig, TrainJob
+from lmpipe.files import sha256_file
+from lmpipe.models import load_final_checkpoint, load_hf
+from lmpipe.train.loop import Task, worker_main
+from lmpipe.train.parallel import Dist
+
+
+def train_rows(manifest: str | Path) -> int:
+    return json.loads(Path(manifest).read_text())["kept"]["train"]
+
+
+def schedule(tc: TrainConfig, sft: SFTConfig, manifest: str | Path) -> TrainConfig:
+    """`tc` with max_steps and warmup_steps from the epochs and the number of conversations."""
+    rows_per_step = tc.batch_tokens // tc.seq_len
+    steps_per_epoch = train_rows(manifest) // rows_per_step
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"{manifest}: {train_rows(manifest)} training conversations, fewer than one step of"
+            f" {rows_per_step} (train.batch_tokens / train.seq_len)"
+        )
+    max_steps = sft.epochs * steps_per_epoch
+    warmup = math.ceil(sft.warmup_ratio * max_steps)
+    return dataclasses.replace(
+        tc, max_steps=max_steps, schedule=dataclasses.replace(tc.schedule, warmup_steps=warmup)
+    )
+
+
+def base_identity(path: str | Path) -> str:
+    """The starting weights' identity: a checkpoint's settings hash and step, or the HF sha256."""
+    path = Path(path)
+    if (path / "meta.json").is_file():
+        meta = json.loads((path / "meta.json").read_text())
+        return f"run {meta['run']} settings {meta['settings_hash']} step {meta['step']}"
+    return f"hf model.safetensors {sha256_file(path / 'model.safetensors')}"
+
+
+def load_base(model: torch.nn.Module, path: str | Path) -> str:
+    """Copy the base weights into the unsharded `model`; return their identity (for the hash).
+
+    `path` is a final checkpoint (DCP + meta.json) or a Hugging Face folder that lmpipe.models
+    imports. The base must have the run's shape: a mismatch names both.
+    """
+    path = Path(path)
+    if (path / "meta.json").is_file():
+        base, _ = load_final_checkpoint(path)
+    elif (path / "config.json").is_file():
+        base = load_hf(path)
+    else:
+        raise FileNotFoundError(f"{path}: neither a final checkpoint nor a Hugging Face folder")
+    if base.config != model.config:
+        raise ValueError(f"{path}: base model {base.config} is not the run's model {model.config}")
+    model.load_state_dict(base.state_dict(), strict=True)
+    return base_identity(path)
+
+
+def fine_tuning(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Task:
+    if job.sft is None or init is None:
+        raise ValueError(f"{job.run}: fine-tuning needs `sft:` settings and --init (the base)")
+    tc = schedule(job.train, job.sft, manifest)
+    x, y = load_split(manifest, "train")
+    if x.shape[1] != tc.seq_len:
+        raise ValueError(f"{manifest}: rows of {x.shape[1]} tokens, train.seq_len {tc.seq_len}")
+    loader = ConversationLoader(
+        x, y, tc.micro_batch, tc.batch_tokens, d.rank, d.world_size, tc.seed
+    )
+    vx, vy = load_split(manifest, "val")
+    val = conversation_val_batches(vx, vy, tc.micro_batch, tc.val_tokens, d.rank, d.world_size)
+    shards = json.loads(manifest.read_text())["shards"]
+    return Task(
+        train=tc,
+        loader=loader,
+        val_batches=val,
+        data_identity=[s["sha256"] for s in shards],
+        init=lambda model: load_base(model, init),
+        sparse_targets=True,  # conversations: ~3/4 of the targets are prompts and padding
+        meta={"init": str(init)},
+    )
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    return worker_main(argv, fine_tuning, __doc__.split("\n")[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

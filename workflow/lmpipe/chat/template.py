@@ -1,0 +1,106 @@
+"""FastChat's Vicuna v1.1 conversation template, with GPT-2's `<|endoftext|>` as `</s>`.
+
+    {system} USER: {human} ASSISTANT: {gpt}<|endoftext|>USER: {human} ASSISTANT: {gpt}<|endoftext|>
+
+(conversation.py, `SeparatorStyle.ADD_COLON_TWO`, sep=" ", sep2="</s>"). Training rows
+(lmpipe.chat.data) and the prompts a chat sends (lmpipe.chat.cli, lmpipe.chat.evals) are both
+rendered here, so a model is asked in exactly the form it was taught. With GPT-2's BPE the space
+after "ASSISTANT:" belongs to the reply's first token (" I"), so a prompt ends with "ASSISTANT:"
+exactly as FastChat's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lmpipe.data.tokenizer import EOT, EOT_ID
+
+# FastChat's vicuna_v1.1 template
+SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+ROLES = {"human": "USER", "gpt": "ASSISTANT"}
+TEMPLATES = ("vicuna_v1.1",)
+
+
+class MalformedConversation(ValueError):
+    """A conversation that is not human/gpt turns in order; the message names its id."""
+
+
+# ----------------------------------------------------------------------------------------------
+# the template
+
+
+def check_conversation(record: Any, index: int) -> tuple[str, list[tuple[str, str]]]:
+    """(id, [(role, text), ...]) of one ShareGPT record, or MalformedConversation naming it."""
+    if not isinstance(record, dict):
+        raise MalformedConversation(f"conversation #{index}: not an object")
+    cid = str(record.get("id", f"#{index}"))
+    turns = record.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        raise MalformedConversation(f"conversation {cid!r}: no turns")
+    out = []
+    for i, turn in enumerate(turns):
+        role = turn.get("from") if isinstance(turn, dict) else None
+        text = turn.get("value") if isinstance(turn, dict) else None
+        if role not in ROLES:
+            raise MalformedConversation(f"conversation {cid!r}, turn {i}: unknown role {role!r}")
+        expected = "human" if i % 2 == 0 else "gpt"
+        if role != expected:
+            raise MalformedConversation(
+                f"conversation {cid!r}, turn {i}: {role!r} where {expected!r} was expected"
+                " (turns must alternate human, gpt, starting with human)"
+            )
+        if not isinstance(text, str) or not text.strip():
+            raise MalformedConversation(f"conversation {cid!r}, turn {i}: empty message")
+        out.append((role, text))
+    if out[-1][0] != "gpt":
+        raise MalformedConversation(f"conversation {cid!r}: ends with a human turn, no reply")
+    return cid, out
+
+
+def segments(turns: list[tuple[str, str]]) -> list[list[tuple[str, bool]]]:
+    """The rendered text, one list a human/gpt exchange, as (text, counts in the loss) pieces.
+
+    The first exchange starts with the system line; EOT pieces stand for the end-of-text token.
+    """
+    exchanges = []
+    for i in range(0, len(turns), 2):
+        prompt = (SYSTEM + " " if i == 0 else "") + f"USER: {turns[i][1]} ASSISTANT:"
+        exchanges.append([(prompt, False), (" " + turns[i + 1][1], True), (EOT, True)])
+    return exchanges
+
+
+def render(turns: list[tuple[str, str]]) -> str:
+    """The whole conversation as text (end-of-text written as `<|endoftext|>`)."""
+    return "".join(text for ex in segments(turns) for text, _ in ex)
+
+
+def prompt_ids(
+    encode: Callable[[str], list[int]], history: list[tuple[str, str]], message: str
+) -> list[int]:
+    """Token ids of the prompt a model continues to answer `message` after `history` (human,
+    gpt pairs): the rendered conversation so far, then "USER: {message} ASSISTANT:" (the system
+    line first when there is no history). End-of-text is its token, never its text."""
+    turns = [t for pair in history for t in (("human", pair[0]), ("gpt", pair[1]))]
+    ids = [i for ex in segments(turns) for i in encode_exchange(encode, ex)[0]]
+    return ids + encode((SYSTEM + " " if not history else "") + f"USER: {message} ASSISTANT:")
+
+
+def encode_exchange(
+    encode: Callable[[str], list[int]], exchange: list[tuple[str, bool]]
+) -> tuple[list[int], list[bool]]:
+    """Tokens of one exchange and whether each counts in the loss.
+
+    Pieces are encoded one by one: each boundary (before " reply", around end-of-text) is also a
+    boundary of GPT-2's pre-tokenizer, so this equals encoding the rendered text whole.
+    """
+    ids: list[int] = []
+    counts: list[bool] = []
+    for text, counted in exchange:
+        piece = [EOT_ID] if text == EOT else encode(text)
+        ids += piece
+        counts += [counted] * len(piece)
+    return ids, counts

@@ -1,0 +1,13 @@
+"""`python -m lmpipe.data download ...` / `python -m lmpipe.data tokenize ...` (the data rules)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {"download": "lmpipe.data.download", "tokenize": "lmpipe.data.tokenize"}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: python -m lmpipe.data {{{','.join(COMMANDS)}}} [--help | options]")
+    importlib.import_module(COMMANDS[sys.argv[1]]).main(sys.argv[2:])

@@ -1,0 +1,106 @@
+"""A distributed loader over llm.c token shards, with a position that saves and restores exactly.
+
+Like llm.c's DistributedDataLoader, ranks read consecutive slices of one token stream, but the
+position moves a whole optimizer step at a time: a step reads `batch_tokens` consecutive tokens
+(+1 for the last target) from one shard, micro-batch `i` of rank `r` being slice `i * W + r` of it.
+So the tokens of each step do not depend on how they are split into ranks and micro-batches,
+and 1 process with 2x the accumulation sees the same batches as 2 ranks. A step that would run
+past the end of a shard starts at the next shard (wrapping around: another epoch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lmpipe.data.shards import read_shard
+
+
+def shard_files(manifest: str | Path, split: str) -> list[Path]:
+    """The shard files of `split` ('train' or 'val') from a tokens manifest, in order."""
+    manifest = Path(manifest)
+    with open(manifest) as f:
+        data = json.load(f)
+    files = [manifest.parent / s["file"] for s in data["shards"] if s["split"] == split]
+    if not files:
+        raise ValueError(f"{manifest}: no '{split}' shards listed")
+    return files
+
+
+class ShardLoader:
+    """Micro-batches (x, y) of shape (B, T) for one rank; `state_dict()` between steps."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        micro_batch: int,
+        seq_len: int,
+        batch_tokens: int,
+        rank: int,
+        world_size: int,
+    ):
+        self.files = files
+        self.B, self.T = micro_batch, seq_len
+        self.rank, self.world_size = rank, world_size
+        self.batch_tokens = batch_tokens
+        self.micro_steps = batch_tokens // (micro_batch * seq_len * world_size)
+        assert self.micro_steps * micro_batch * seq_len * world_size == batch_tokens
+        self.shard, self.pos, self.micro = 0, 0, 0
+        self._tokens = self._load(0)
+
+    def _load(self, shard: int) -> np.ndarray:
+        tokens = read_shard(self.files[shard])
+        if len(tokens) < self.batch_tokens + 1:
+            raise ValueError(
+                f"{self.files[shard]}: {len(tokens)} tokens, fewer than one step of"
+                f" train.batch_tokens {self.batch_tokens} + 1"
+            )
+        return tokens
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's next micro-batch; after the step's last one, move to the next step."""
+        B, T = self.B, self.T
+        start = self.pos + (self.micro * self.world_size + self.rank) * B * T
+        buf = torch.from_numpy(self._tokens[start : start + B * T + 1].astype(np.int64))
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        self.micro += 1
+        if self.micro == self.micro_steps:
+            self.micro = 0
+            self.pos += self.batch_tokens
+            if self.pos + self.batch_tokens + 1 > len(self._tokens):
+                self.shard = (self.shard + 1) % len(self.files)
+                self.pos = 0
+                self._tokens = self._load(self.shard)
+        return x, y
+
+    def state_dict(self) -> dict[str, int]:
+        """The position, identical on every rank; only valid at a step boundary."""
+        assert self.micro == 0, "the loader position is saved between steps only"
+        return {"shard": self.shard, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.shard, self.pos, self.micro = state["shard"], state["pos"], 0
+        self._tokens = self._load(self.shard)
+
+
+def val_batches(
+    file: Path, micro_batch: int, seq_len: int, val_tokens: int, rank: int, world_size: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's share of the first `val_tokens` tokens of the validation shard."""
+    tokens = read_shard(file)
+    B, T = micro_batch, seq_len
+    per_step = B * T * world_size
+    steps = min(val_tokens, len(tokens) - 1) // per_step
+    if steps == 0:
+        raise ValueError(
+            f"{file}: {len(tokens)} tokens, fewer than one validation batch of {per_step} + 1"
+        )
+    batches = []
+    for i in range(steps):
+        start = (i * world_size + rank) * B * T
+        buf = torch.from_numpy(tokens[start : start + B * T + 1].astype(np.int64))
+        batches.append((buf[:-1].view(B, T), buf[1:].view(B, T)))
+    return batches

@@ -1,0 +1,195 @@
+"""The tokenize stage: raw documents -> llm.c token shards (GPT-2 BPE), streamed and parallel.
+
+Each document becomes `<|endoftext|>` followed by its tokens; documents are concatenated and cut
+into shards of `shard_tokens` (the first, the validation shard, holds `val_tokens`), so documents
+split across shard boundaries as in llm.c's `dev/data/fineweb.py`.
+
+Speed and memory: documents are read a parquet batch (or a block of jsonl lines) at a time and
+encoded by a pool of threads (tiktoken's Rust core releases the GIL; `encode_to_numpy` skips the
+Python list that `encode_ordinary` builds). At most a few batches are in flight, so memory does not
+grow with the dataset. Results are consumed in input order, so the shards are byte-identical for any
+number of workers.
+
+Shards are written into a temporary folder that replaces the output folder at the end, so an
+interrupted run never leaves a mix of old and new shards.
+
+    python -m lmpipe.data tokenize --config-json J --raw-manifest M --tokenizer resources/gpt2 \
+        --out results/data/D/tokens --workers 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from lmpipe.config import TokenizeConfig, build
+from lmpipe.data.shards import TOKEN_DTYPE, header_bytes
+from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.files import atomic_dir
+from lmpipe.paths import shard_name
+
+log = logging.getLogger("lmpipe.tokenize")
+
+BATCH_DOCS = 256  # documents a task: large enough to amortise, small enough to stream
+
+
+def read_documents(path: Path, text_column: str) -> Iterator[list[str]]:
+    """Yield lists of document texts from a parquet or jsonl file, a batch at a time."""
+    if path.suffix == ".parquet":
+        pf = pq.ParquetFile(path)
+        if text_column not in pf.schema_arrow.names:
+            raise KeyError(f"{path}: no column {text_column!r} (columns: {pf.schema_arrow.names})")
+        for batch in pf.iter_batches(batch_size=BATCH_DOCS, columns=[text_column]):
+            yield batch.column(0).to_pylist()
+    elif path.suffix == ".jsonl":
+        batch: list[str] = []
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    batch.append(json.loads(line)[text_column])
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise ValueError(
+                        f"{path}:{lineno}: not a JSON object with {text_column!r}"
+                    ) from e
+                if len(batch) == BATCH_DOCS:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
+    else:
+        raise ValueError(f"{path}: expected a .parquet or .jsonl file")
+
+
+def encode_batch(texts: list[str], tokenizer_dir: str) -> np.ndarray:
+    """`<|endoftext|>` + tokens for each document, concatenated, as uint16."""
+    enc = gpt2_encoding(tokenizer_dir)
+    parts = []
+    eot = np.array([EOT_ID], dtype=np.uint32)
+    for text in texts:
+        parts.append(eot)
+        parts.append(enc.encode_to_numpy(text, disallowed_special=()))  # = encode_ordinary
+    return np.concatenate(parts).astype(TOKEN_DTYPE)
+
+
+def ordered_map(pool: ThreadPoolExecutor, fn, items, window: int) -> Iterator:
+    """`pool.map` in input order with at most `window` tasks in flight (bounded memory)."""
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+class ShardWriter:
+    """Fills shards of fixed size from a stream of token arrays; hashes as it writes."""
+
+    def __init__(self, out: Path, cfg: TokenizeConfig):
+        self.out, self.cfg = out, cfg
+        self.index, self.shards = 0, []
+        self.buffer = np.empty(cfg.val_tokens, dtype=TOKEN_DTYPE)
+        self.filled = 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        while len(tokens):
+            take = min(len(tokens), len(self.buffer) - self.filled)
+            self.buffer[self.filled : self.filled + take] = tokens[:take]
+            self.filled += take
+            tokens = tokens[take:]
+            if self.filled == len(self.buffer):
+                self.flush()
+
+    def flush(self) -> None:
+        if self.filled == 0:
+            return
+        split = "val" if self.index == 0 else "train"
+        name = shard_name(self.cfg.dataset, split, self.index)
+        data = header_bytes(self.filled) + self.buffer[: self.filled].tobytes()
+        (self.out / name).write_bytes(data)
+        sha = hashlib.sha256(data).hexdigest()
+        self.shards.append({"file": name, "split": split, "tokens": self.filled, "sha256": sha})
+        self.index += 1
+        self.filled = 0
+        if len(self.buffer) != self.cfg.shard_tokens:
+            self.buffer = np.empty(self.cfg.shard_tokens, dtype=TOKEN_DTYPE)
+
+
+def tokenize(
+    cfg: TokenizeConfig, raw_manifest: Path, tokenizer_dir: str, out: Path, workers: int
+) -> dict[str, Any]:
+    raw = json.loads(raw_manifest.read_text())
+    files = [raw_manifest.parent / f["file"] for f in raw["files"]]
+    gpt2_encoding(tokenizer_dir)  # load (and check) the tokenizer once, before the threads
+
+    with atomic_dir(out) as tmp:
+        writer = ShardWriter(tmp, cfg)
+        docs = 0
+
+        def batches() -> Iterator[list[str]]:
+            for path in files:
+                yield from read_documents(path, cfg.text_column)
+
+        progress = tqdm(
+            total=raw["rows"], desc=f"tokenize {cfg.dataset}", unit="doc", file=sys.stderr
+        )
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            encode = lambda texts: (len(texts), encode_batch(texts, tokenizer_dir))  # noqa: E731
+            for n, tokens in ordered_map(pool, encode, batches(), window=2 * workers):
+                writer.write(tokens)
+                docs += n
+                progress.update(n)
+        writer.flush()
+        progress.close()
+
+        manifest = {
+            "dataset": cfg.dataset,
+            "tokenizer": "gpt2",
+            "eot": EOT_ID,
+            "documents": docs,
+            "shard_tokens": cfg.shard_tokens,
+            "shards": writer.shards,
+            "tokens": {
+                split: sum(s["tokens"] for s in writer.shards if s["split"] == split)
+                for split in ("val", "train")
+            },
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config-json", required=True, help="lmpipe.config.tokenize_params")
+    parser.add_argument("--raw-manifest", required=True, type=Path)
+    parser.add_argument("--tokenizer", required=True, help="folder with encoder.json, vocab.bpe")
+    parser.add_argument("--out", required=True, type=Path, help="tokens folder")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    cfg = build(TokenizeConfig, json.loads(args.config_json), "dataset")
+    m = tokenize(cfg, args.raw_manifest, args.tokenizer, args.out, max(1, args.workers))
+    log.info(
+        "%d documents -> %d shards, %d val + %d train tokens in %s",
+        m["documents"], len(m["shards"]), m["tokens"]["val"], m["tokens"]["train"], args.out,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""FineWeb validation loss of a converted model, as llm.c's val loader computes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from lmpipe.data.shards import read_shard
+from lmpipe.eval.results import produced_by
+from lmpipe.models import load_hf
+from lmpipe.registry import ValLossSettings
+
+
+def val_shard(manifest_path: str | Path) -> Path:
+    manifest = json.loads(Path(manifest_path).read_text())
+    val = [s for s in manifest["shards"] if s["split"] == "val"]
+    if len(val) != 1:
+        raise ValueError(f"{manifest_path}: expected one val shard, found {len(val)}")
+    return Path(manifest_path).parent / val[0]["file"]
+
+
+@torch.no_grad()
+def val_loss(
+    model: torch.nn.Module, shard: str | Path, val_tokens: int, batch: int, device: str = "cpu"
+) -> tuple[float, int]:
+    """Mean next-token loss over the first `val_tokens` of the val shard, as llm.c's val loader:
+    non-overlapping sequences of block_size tokens, targets shifted by one.
+
+    Returns (loss, tokens scored)."""
+    T = model.config.block_size
+    tokens = read_shard(shard)
+    n_seq = val_tokens // T
+    if n_seq == 0:
+        raise ValueError(f"eval.val_loss.tokens {val_tokens} is below one sequence of {T} tokens")
+    if n_seq * T + 1 > len(tokens):
+        raise ValueError(
+            f"{shard}: {len(tokens):,} tokens, fewer than the {n_seq * T + 1:,} that"
+            f" eval.val_loss.tokens {val_tokens:,} needs"
+        )
+    total = 0.0
+    for start in tqdm(range(0, n_seq, batch), desc="val loss", unit="batch"):
+        b = min(batch, n_seq - start)
+        buf = torch.from_numpy(tokens[start * T : (start + b) * T + 1].astype(np.int64))
+        x, y = buf[:-1].view(b, T).to(device), buf[1:].view(b, T).to(device)
+        _, loss = model(x, y)
+        total += loss.item() * b * T  # a host sync a batch: fine for an eval
+    return total / (n_seq * T), n_seq * T
+
+
+def evaluate(
+    settings: ValLossSettings, model_dir: Path, inputs: dict[str, Path], device: str
+) -> dict[str, Any]:
+    model = load_hf(model_dir).to(device)
+    shard = val_shard(inputs["tokens"])
+    loss, tokens = val_loss(model, shard, settings.tokens, settings.batch, device)
+    return {
+        "metric": "fineweb_val_loss",
+        "value": loss,
+        "tokens": tokens,
+        "produced_by": produced_by(
+            __name__, model_dir, "mean next-token cross-entropy", shard=str(shard), device=device
+        ),
+    }

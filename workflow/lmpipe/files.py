@@ -1,0 +1,75 @@
+"""Writing files so that a crash never leaves a half-written one that looks whole, and hashing them.
+
+Every stage writes its outputs through these: a file or folder appears under its final name only
+when complete (written under a temporary name beside it, then renamed, which is atomic on one
+filesystem). A reader that finds it may trust it. The distributed checkpoints have their own
+multi-rank version (lmpipe.train.checkpoint.atomic_folder); everything else uses these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+TMP_SUFFIX = ".tmp"
+
+
+def tmp_path(path: str | Path) -> Path:
+    """Where `path` is written before it is complete: `path.tmp`, beside it (same filesystem)."""
+    path = Path(path)
+    return path.with_name(path.name + TMP_SUFFIX)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(path)
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode())
+
+
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path to write; it becomes `path` when the block ends without error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(path)
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary folder; it replaces `path` (old contents and all) at the end.
+
+    An interrupted write leaves `path` as it was, and the next attempt clears the temporary one.
+    """
+    path = Path(path)
+    tmp = tmp_path(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks (shards and parquet files are hundreds of MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

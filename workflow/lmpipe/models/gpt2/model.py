@@ -1,0 +1,171 @@
+"""GPT-2 as OpenAI and llm.c define it, in nanoGPT's shape. Knows nothing of parallelism.
+
+Learned positions, pre-LayerNorm blocks, GELU (tanh), tied token embedding and LM head, attention
+through `F.scaled_dot_product_attention` (flash attention on GPUs). The vocabulary is padded to
+50304 (a multiple of 128) for speed as llm.c does; the padding is never predicted (the head
+projects onto the first vocab_size rows only). Initialisation is llm.c's: N(0, 0.02), residual
+projections scaled by 1/sqrt(2 * n_layer).
+
+Parameter names equal nanoGPT's and Hugging Face GPT2LMHeadModel's (less `lm_head.weight`, tied).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lmpipe.config import ModelConfig
+
+# The model's shape is the config's `models:` entry (one definition, torch-free, in lmpipe.config);
+# the sizes (d12 = 124M, d24 = 350M, ...) are named in config/config.yaml.
+GPTConfig = ModelConfig
+
+
+def lm_head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the LM head's fp32 logits x @ weight.T; targets of -1 are ignored."""
+    logits = F.linear(x, weight).float()  # (B, T, V); fp32 for a stable softmax
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE = True  # llm.c: scaled init for residual projections
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.c_proj.RESIDUAL_SCALE = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied (weight tying)
+        self.loss_fn = lm_head_loss  # compile_loss() swaps in a compiled one
+        # Fine-tuning sets this: when most targets are -1 (prompts, padding), run the head on the
+        # counted positions only. Same mean loss; off for pretraining, where every token counts
+        # and a data-dependent shape would only cost a host sync on a GPU.
+        self.head_on_counted_only = False
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """llm.c's init; callable again after `to_empty()` when built on the meta device."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                std = residual_std if getattr(module, "RESIDUAL_SCALE", False) else 0.02
+                if module is not self.lm_head:  # tied: initialised as wte
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # tied weights counted once
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs a token by llm.c's formula: 6N + 6*L*C*T (forward + backward)."""
+        c = self.config
+        return 6 * self.num_params() + 6 * c.n_layer * c.n_embd * seq_len
+
+    def blocks(self) -> list[nn.Module]:
+        """The repeated blocks, in order: what parallelize shards (and compiles) one by one."""
+        return list(self.transformer.h)
+
+    def head_flops_per_token(self) -> int:
+        """The LM head's share of flops_per_token (6 * V * C, V padded as num_params counts it):
+        what a position saves when `head_on_counted_only` skips it."""
+        return 6 * self.config.padded_vocab_size * self.config.n_embd
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """The trunk, up to the final LayerNorm: (B, T) -> (B, T, C). Scorers that need the
+        head at a few positions only (HellaSwag) apply it themselves."""
+        T = idx.size(1)
+        assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.transformer.ln_f(x)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits (B, T, vocab_size) in fp32, None) without targets; (None, mean loss) with them.
+
+        With targets the (B*T, V) logits stay inside `loss_fn`, where compile can fuse them away.
+        """
+        x = self.hidden_states(idx)  # (B, T, C)
+        if targets is None:
+            return self.head(x), None  # (B, T, V)
+        weight = self.lm_head.weight[: self.config.vocab_size]
+        if self.head_on_counted_only:
+            counted = targets != -1
+            x, targets = x[counted], targets[counted]  # (N, C), (N,)
+        return None, self.loss_fn(x, weight, targets)  # training: logits never leave the loss
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits over the real vocabulary for hidden states h (..., C) -> (..., V).
+
+        The padding rows of the tied weight are never predicted: projecting onto the real vocab
+        only is cheaper than masking padded logits to -inf (one pass less over the logits)."""
+        return F.linear(h, self.lm_head.weight[: self.config.vocab_size]).float()
+
+    def compile_loss(self) -> None:
+        """torch.compile the LM head + loss: it fuses the softmax into the loss (training only)."""
+        self.loss_fn = torch.compile(lm_head_loss)

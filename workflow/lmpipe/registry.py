@@ -1,0 +1,215 @@
+"""The pluggable parts: architectures, optimizers and evaluations, one list each.
+
+These lists are what the config accepts (`model.arch`, `train.optimizer.name`, a run's `eval:`
+sections, each with its settings and their defaults), what the Snakemake rules plan (which
+evaluations a run gets and which files each reads) and what the report shows (a headline column
+a metric). Torch-free on purpose: the Snakefile imports it at parse time. The code an entry names
+(`"package.module:function"`) is imported only by the job that runs it.
+
+Adding a part (docs/architecture.md walks through each):
+- an evaluation: a module with `evaluate(settings, model_dir, inputs, device) -> result dict`, an
+  `Evaluation` below (and a settings dataclass in EVAL_SECTIONS if it needs its own settings), and
+  its published figures in lmpipe/report/references.py;
+- an optimizer: a settings dataclass and an `Optimizer` below, and its build function;
+- an architecture: a package under lmpipe/models/ and an `Architecture` below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def setting(default: Any = None, description: str = "", **schema: Any) -> Any:
+    """A settings field with its default, a description and JSON-schema constraints (minimum,
+    enum, ...), from which lmpipe.config builds the schema that checks the YAML."""
+    meta = {"description": description, **schema}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def required(description: str = "", **schema: Any) -> Any:
+    """A settings field the YAML must give."""
+    return field(metadata={"description": description, **schema})
+
+
+# ----------------------------------------------------------------------------------------------
+# architectures (model.arch)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    # a package with `Model(config)` (an nn.Module; see lmpipe/models/__init__.py for what the
+    # trainer and the evaluators call on it), `write_hf`/`load_hf` and, where the format can hold
+    # it, `write_llmc`
+    module: str
+    description: str
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        Architecture(
+            "gpt2", "lmpipe.models.gpt2", "OpenAI's GPT-2 as llm.c trains it (learned positions)"
+        ),
+    )
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# optimizers (train.optimizer)
+
+
+@dataclass(frozen=True)
+class AdamWSettings:
+    """torch.optim.AdamW; weight decay on 2-D weights only (matmuls, embeddings), as llm.c."""
+
+    name: str = required("adamw", const="adamw")
+    lr: float = required("peak learning rate (the schedule scales it)", exclusiveMinimum=0)
+    weight_decay: float = setting(0.1, "on 2-D weights only", minimum=0)
+    betas: tuple[float, float] = setting((0.9, 0.95), "Adam's (beta1, beta2)")
+    eps: float = setting(1.0e-8, "Adam's epsilon", exclusiveMinimum=0)
+    fused: bool = setting(False, "the fused CUDA kernel (GPU runs)")
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str
+    settings: type
+    build: str  # "module:function", function(model, settings) -> torch.optim.Optimizer
+
+
+OPTIMIZERS: dict[str, Optimizer] = {
+    o.name: o for o in (Optimizer("adamw", AdamWSettings, "lmpipe.train.optim:adamw"),)
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluations (a run's eval: sections, and eval/{name}.json)
+
+
+@dataclass(frozen=True)
+class ValLossSettings:
+    """FineWeb validation loss: non-overlapping sequences of block_size tokens of the val shard."""
+
+    tokens: int = setting(10_485_760, "tokens of the val shard to score", minimum=1)
+    batch: int = setting(8, "sequences a forward pass", minimum=1)
+
+
+@dataclass(frozen=True)
+class HellaSwagSettings:
+    """HellaSwag: native scorer (llm.c scoring) and, with lm_eval, the lm-eval harness."""
+
+    file: str = setting("embedded", "a key of the config's `hellaswag:` files")
+    items: int = setting(10_042, "the first N items of the file", minimum=1)
+    batch: int = setting(16, "items a forward pass", minimum=1)
+    lm_eval: bool = setting(True, "also score it with the lm-eval harness")
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """Top-k samples from fixed prompts, each cut at the first end of text."""
+
+    tokens: int = setting(48, "new tokens at most", minimum=1)
+    top_k: int = setting(50, "sample from the k most likely tokens", minimum=1)
+    seed: int = setting(42, "prompt i uses seed + i")
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """Fine-tuned runs and their bases: held-out conversation loss and greedy chat replies."""
+
+    batch: int = setting(8, "conversations a forward pass (held-out loss)", minimum=1)
+    reply_tokens: int = setting(48, "new tokens at most a reply", minimum=1)
+
+
+# a run's `eval:` has one section a name here; several evaluations may read one section
+EVAL_SECTIONS: dict[str, type] = {
+    "val_loss": ValLossSettings,
+    "hellaswag": HellaSwagSettings,
+    "samples": SampleSettings,
+    "chat": ChatSettings,
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A headline column of the report: `field` of the result file, shown as `fmt`."""
+
+    key: str  # also the key of published figures in lmpipe.report.references
+    label: str
+    field: str
+    fmt: str  # "loss" (4 decimals) or "pct"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    name: str  # the result eval/{name}.json, the rule's {eval} wildcard
+    run: str  # "module:function", function(settings, model_dir, inputs, device) -> result dict
+    section: str  # its settings: the run's eval.<section> (EVAL_SECTIONS)
+    # files it reads besides the converted model, by kind: "tokens" (the text dataset's tokens
+    # manifest), "hellaswag" (the items file), "conversations" (the chat data's manifest)
+    inputs: tuple[str, ...] = ()
+    # whether a run gets it: f(its section's settings, whether the run has chat data)
+    applies: Callable[[Any, bool], bool] = lambda settings, chat: True
+    columns: tuple[Column, ...] = ()
+    description: str = ""
+
+
+EVALUATIONS: dict[str, Evaluation] = {
+    e.name: e
+    for e in (
+        Evaluation(
+            "val_loss",
+            "lmpipe.eval.val_loss:evaluate",
+            "val_loss",
+            inputs=("tokens",),
+            columns=(Column("val_loss", "FineWeb val loss", "value", "loss"),),
+            description="mean next-token loss on the text dataset's val shard",
+        ),
+        Evaluation(
+            "hellaswag",
+            "lmpipe.eval.hellaswag:evaluate",
+            "hellaswag",
+            inputs=("hellaswag",),
+            columns=(Column("hellaswag", "HellaSwag acc_norm (llm.c scoring)", "acc_norm", "pct"),),
+            description="HellaSwag, native batched scorer, llm.c's scoring",
+        ),
+        Evaluation(
+            "hellaswag_lm_eval",
+            "lmpipe.eval.harness:evaluate",
+            "hellaswag",
+            inputs=("hellaswag",),
+            applies=lambda settings, chat: settings.lm_eval,
+            columns=(
+                Column("hellaswag_lm_eval", "HellaSwag acc_norm (lm-eval)", "acc_norm", "pct"),
+                Column("hellaswag_lm_eval_acc", "HellaSwag acc (lm-eval)", "acc", "pct"),
+            ),
+            description="HellaSwag through the lm-eval harness (local task, offline)",
+        ),
+        Evaluation(
+            "samples",
+            "lmpipe.eval.samples:evaluate",
+            "samples",
+            description="top-k completions of fixed prompts",
+        ),
+        Evaluation(
+            "sft_loss",
+            "lmpipe.chat.evals:held_out_loss",
+            "chat",
+            inputs=("conversations",),
+            applies=lambda settings, chat: chat,
+            description="loss on the held-out conversations' assistant tokens",
+        ),
+        Evaluation(
+            "chat_samples",
+            "lmpipe.chat.evals:chat_samples",
+            "chat",
+            applies=lambda settings, chat: chat,
+            description="greedy replies to fixed prompts in the chat template",
+        ),
+    )
+}

@@ -1,0 +1,137 @@
+"""The report's figures: matplotlib PNGs inlined as base64 `data:` URIs, no file beside the page."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on compute nodes; must precede the pyplot import
+import matplotlib.pyplot as plt  # noqa: E402
+
+from lmpipe.report.references import references_with  # noqa: E402
+from lmpipe.report.runs import Run  # noqa: E402
+
+
+def _png(fig: plt.Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _colors(runs: list[Run]) -> dict[str, str]:
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {r.name: cycle[i % len(cycle)] for i, r in enumerate(runs)}
+
+
+def _reference_lines(ax: plt.Axes, refs: list[tuple[str, float]]) -> None:
+    """Published figures as grey dashed lines, named in the legend (labels on the axis overlap)."""
+    styles = ["--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 5, 1, 5))]
+    for i, (label, y) in enumerate(refs):
+        ax.axhline(y, ls=styles[i % len(styles)], lw=1.2, color="0.4", label=f"reference {label}")
+
+
+def loss_panels(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs with losses logged, by the dataset their losses are on (one panel each)."""
+    panels: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.train or r.val:
+            panels.setdefault(r.train_data, []).append(r)
+    return panels
+
+
+def loss_figure(runs: list[Run]) -> str | None:
+    """Train and val loss against tokens, one panel a dataset: pretraining text and chat data
+    have losses of different scales, and one axis would flatten the pretraining curves."""
+    panels = loss_panels(runs)
+    if not panels:
+        return None
+    colors = _colors(runs)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 4.4 * len(panels)), squeeze=False)
+    for ax, (dataset, panel) in zip(axes[:, 0], panels.items(), strict=True):
+        for r in panel:
+            if r.train:
+                xs = [row["tokens"] for row in r.train]
+                ys = [row["loss"] for row in r.train]
+                ax.plot(xs, ys, color=colors[r.name], alpha=0.45, lw=1)
+                ax.plot([], [], color=colors[r.name], label=f"{r.name} train")
+            if r.val:
+                xs = [row["tokens"] for row in r.val]
+                ys = [row["val_loss"] for row in r.val]
+                ax.plot(xs, ys, "o-", color=colors[r.name], ms=4, lw=2, label=f"{r.name} val")
+        kind = "chat fine-tuning" if all(r.fine_tuned for r in panel) else "pretraining"
+        if kind == "pretraining":  # the published FineWeb val losses
+            refs = references_with("val_loss")
+            _reference_lines(
+                ax, [(f"{r.name}: {r.figures['val_loss']}", r.figures["val_loss"]) for r in refs]
+            )
+        ax.set(
+            xlabel="tokens trained",
+            ylabel="loss (nats a token)",
+            title=f"Train and val loss on {dataset} ({kind})",
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return _png(fig)
+
+
+def lr_figure(runs: list[Run]) -> str | None:
+    runs = [r for r in runs if any("lr" in row for row in r.train)]
+    if not runs:
+        return None
+    colors = _colors(runs)
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    for r in runs:
+        rows = [row for row in r.train if "lr" in row]
+        ax.plot(
+            [x["step"] for x in rows], [x["lr"] for x in rows], color=colors[r.name], label=r.name
+        )
+    ax.set(xlabel="step", ylabel="learning rate", title="Learning rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def throughput_figure(runs: list[Run]) -> str | None:
+    runs = [r for r in runs if r.train]
+    if not runs:
+        return None
+    colors = _colors(runs)
+    fig, (ax_tps, ax_mfu) = plt.subplots(1, 2, figsize=(10, 3.4))
+    for r in runs:
+        for ax, key, scale in ((ax_tps, "tokens_per_s", 1.0), (ax_mfu, "mfu", 100.0)):
+            rows = [row for row in r.train if isinstance(row.get(key), int | float)]
+            ys = [row[key] * scale for row in rows]
+            ax.plot([row["step"] for row in rows], ys, color=colors[r.name], label=r.name, lw=1)
+    ax_tps.set(xlabel="step", ylabel="tokens/s", title="Throughput")
+    ax_mfu.set(xlabel="step", ylabel="MFU (%)", title="Model FLOPs utilisation")
+    for ax in (ax_tps, ax_mfu):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def hellaswag_figure(runs: list[Run]) -> str | None:
+    """HellaSwag measured during training; None (no plot) when no run measured it."""
+    runs = [r for r in runs if r.hellaswag_curve]
+    if not runs:
+        return None
+    colors = _colors(runs)
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for r in runs:
+        xs = [row["tokens"] for row in r.hellaswag_curve]
+        ys = [row["hellaswag"] for row in r.hellaswag_curve]
+        ax.plot(xs, ys, "o-", color=colors[r.name], ms=3, label=r.name)
+    refs = [
+        (f"{r.name}: {r.figures['hellaswag']:.1%}", r.figures["hellaswag"])
+        for r in references_with("hellaswag")
+    ]
+    _reference_lines(ax, refs)
+    ax.axhline(0.25, color="0.75", lw=3, label="chance (four endings)")
+    ax.set(xlabel="tokens trained", ylabel="HellaSwag acc_norm", title="HellaSwag during training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)

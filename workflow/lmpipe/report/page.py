@@ -1,0 +1,218 @@
+"""The report stage: one self-contained HTML file that compares the runs a report names.
+
+    python -m lmpipe.report --config-json J --results results --data results/data \\
+        --out results/report_embedded.html
+
+where J is `lmpipe.config.report_params(config, report)`: `{"report", "gpu_hour_price", "order",
+"runs": {run: {"dataset", "model", "train", "launch", "eval", "evaluations", ...}}}`. It reads
+only the files the other stages write (lmpipe.report.runs); whatever is missing is reported, not
+fatal, so the same page is also a progress report while training runs (lmpipe.report.progress
+builds it from a config file, by hand).
+
+Figures are inline PNGs (lmpipe.report.figures); the page has no script and no external link,
+so it opens offline from a mail attachment or a cluster's scratch folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from lmpipe.files import write_text_atomic
+from lmpipe.paths import REPORT_TEMPLATES, Layout
+from lmpipe.report.figures import hellaswag_figure, loss_figure, lr_figure, throughput_figure
+from lmpipe.report.references import REFERENCES
+from lmpipe.report.runs import (
+    Run,
+    chat_comparison,
+    headline,
+    headline_columns,
+    load_run,
+    produced_by,
+)
+
+# report_params keys that describe a run rather than set it: not rows of the settings table
+NOT_SETTINGS = ("run", "evaluations", "chat_dataset")
+
+
+# ----------------------------------------------------------------------------------------------
+# settings side by side
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}; lists stay values."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= flatten(v, f"{key}.")
+        else:
+            out[key] = v
+    return out
+
+
+def _setting(value: Any) -> str:
+    """A setting as people write it: 1e+12 rather than 1000000000000.0, never rounded."""
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def used_settings(run: Run) -> dict[str, Any]:
+    """The run's settings as it used them: a fine-tuning run's steps and warmup follow from its
+    epochs and data, so once it has finished they come from its final meta.json."""
+    settings = {k: v for k, v in run.settings.items() if k not in NOT_SETTINGS}
+    if run.meta and isinstance(run.meta.get("train"), dict):
+        settings["train"] = run.meta["train"]
+    return settings
+
+
+def _disagree(values: list[Any], group: list[int]) -> bool:
+    """Whether the runs at positions `group` have different values."""
+    return len({json.dumps(values[i], sort_keys=True) for i in group}) > 1
+
+
+def settings_table(runs: list[Run]) -> list[dict[str, Any]]:
+    """One row a setting: its value in each run, and how the runs differ in it.
+
+    `differs`: runs of the same kind (pretraining, fine-tuning) disagree: a deliberate
+    difference, what the report compares. `kind`: only runs of different kinds disagree (a
+    fine-tuning run has its own data, steps and lr): what kind of run it is, not a comparison.
+    """
+    flat = [flatten(used_settings(r)) for r in runs]
+    keys = sorted(set().union(*flat))
+    kinds = {r.kind for r in runs}
+    rows = []
+    for key in keys:
+        values = [f.get(key, "—") for f in flat]
+        within = any(
+            _disagree(values, [i for i, r in enumerate(runs) if r.kind == k]) for k in kinds
+        )
+        rows.append(
+            {
+                "key": key,
+                "values": [_setting(v) for v in values],
+                "differs": within,
+                "kind": not within and _disagree(values, list(range(len(runs)))),
+            }
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# formatting (jinja2 filters)
+
+
+def fmt_num(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return f"{x:,.{digits}f}"
+
+
+def fmt_pct(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def fmt_tokens(x: float | None) -> str:
+    if x is None:
+        return "—"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if x >= size:
+            return f"{x / size:.3g}{unit}"
+    return str(int(x))
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def fmt_metric(x: float | None, fmt: str) -> str:
+    """A headline figure in its column's format (lmpipe.registry.Column.fmt)."""
+    return fmt_pct(x) if fmt == "pct" else fmt_num(x, 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# the page
+
+
+def build_report(params: dict[str, Any], layout: Layout) -> str:
+    """The HTML of the report described by `params` (report_params JSON), from `layout`'s files."""
+    for key in ("report", "runs"):
+        if key not in params:
+            raise ValueError(f"--config-json: missing key {key!r} (expected report_params JSON)")
+    price = float(params.get("gpu_hour_price", 0.0))
+    order = params.get("order", list(params["runs"]))
+    runs = [load_run(layout, name, params["runs"][name]) for name in order]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(REPORT_TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters |= {
+        "num": fmt_num,
+        "pct": fmt_pct,
+        "metric": fmt_metric,
+        "tokens": fmt_tokens,
+        "duration": fmt_duration,
+        "produced_by": produced_by,
+    }
+    figures = {
+        "loss": loss_figure(runs),
+        "lr": lr_figure(runs),
+        "throughput": throughput_figure(runs),
+        "hellaswag": hellaswag_figure(runs),
+    }
+    settings = settings_table(runs)
+    kinds = {}
+    for r in runs:
+        kinds.setdefault(r.kind, []).append(r.name)
+    return env.get_template("report.html.j2").render(
+        report=params["report"],
+        generated=datetime.now(UTC).isoformat(timespec="seconds"),
+        gpu_hour_price=price,
+        runs=runs,
+        columns=headline_columns(runs),
+        headlines=[headline(r, price) for r in runs],
+        references=REFERENCES,
+        settings=settings,
+        differing=[row["key"] for row in settings if row["differs"]],
+        kind_differing=[row["key"] for row in settings if row["kind"]],
+        kinds=kinds,
+        cpu_runs=[r.name for r in runs if r.settings.get("launch", {}).get("device") == "cpu"],
+        figures=figures,
+        chat=chat_comparison(runs),
+    )
+
+
+def write_report(params: dict[str, Any], layout: Layout, out: str | Path) -> None:
+    out = Path(out)
+    write_text_atomic(out, build_report(params, layout))  # never a half-written report
+    print(f"report: {out.resolve()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--config-json", required=True, help="report_params JSON (what the rule passes)")
+    p.add_argument("--results", default="results", help="results folder")
+    p.add_argument("--data", default="results/data", help="tokenized data folder")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    args = p.parse_args(argv)
+    write_report(json.loads(args.config_json), Layout(args.results, args.data), args.out)

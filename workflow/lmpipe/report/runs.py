@@ -1,0 +1,235 @@
+"""What the report knows about a run: the files the other stages wrote, read leniently.
+
+Only result files (never logs): `runs/{run}/train/metrics.jsonl`, `train/provenance.json`,
+`train/final/meta.json`, `runs/{run}/eval/*.json`, and the dataset's `tokens/manifest.json`.
+A missing file is reported, not fatal: the run is "not finished", with what it has so far.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmpipe.paths import Layout
+from lmpipe.registry import EVALUATIONS, Column
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object, or None when the file does not exist (yet); bad JSON names the file."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """metrics.jsonl split into train, val and hellaswag lines, one per step, ordered by step.
+
+    A resumed run logs again the steps after its last checkpoint: the later line wins. The last
+    line may be half written while training runs, so it alone may be unreadable.
+    """
+    kinds: dict[str, dict[int, dict[str, Any]]] = {"train": {}, "val": {}, "hellaswag": {}}
+    if not path.exists():
+        return {k: [] for k in kinds}
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                break  # a line still being written
+            raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise ValueError(f"{path}:{i}: expected an object with a 'step', got {line[:80]!r}")
+        if "val_loss" in row:
+            kinds["val"][row["step"]] = row
+        elif "hellaswag" in row:
+            kinds["hellaswag"][row["step"]] = row
+        elif "loss" in row:
+            kinds["train"][row["step"]] = row
+        else:
+            raise ValueError(f"{path}:{i}: neither a train, val nor hellaswag line: {line[:80]!r}")
+    return {k: [rows[s] for s in sorted(rows)] for k, rows in kinds.items()}
+
+
+@dataclass
+class Run:
+    """Everything the report knows about one run; any file may be missing."""
+
+    name: str
+    settings: dict[str, Any]
+    train: list[dict[str, Any]] = field(default_factory=list)
+    val: list[dict[str, Any]] = field(default_factory=list)
+    hellaswag_curve: list[dict[str, Any]] = field(default_factory=list)
+    provenance: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    manifest: dict[str, Any] | None = None
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def fine_tuned(self) -> bool:
+        """A chat fine-tuning run: its train and val loss are on conversations, not FineWeb."""
+        return "sft" in self.settings
+
+    @property
+    def kind(self) -> str:
+        return "fine-tuning" if self.fine_tuned else "pretraining"
+
+    @property
+    def train_data(self) -> str:
+        """The dataset its train and val losses are measured on."""
+        return self.settings.get("dataset", "?")
+
+    @property
+    def finished(self) -> bool:
+        return not self.missing
+
+    @property
+    def status(self) -> str:
+        if self.finished:
+            return "finished"
+        if not self.train:
+            return "not started"
+        return "not finished"
+
+
+def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
+    train_dir = Path(layout.train_dir(name))
+    metrics = read_metrics(Path(layout.metrics(name)))
+    run = Run(name, settings, metrics["train"], metrics["val"], metrics["hellaswag"])
+    run.provenance = read_json(train_dir / "provenance.json")
+    run.meta = read_json(Path(layout.final_checkpoint(name)) / "meta.json")
+    if run.meta is None:
+        run.missing.append("train/final/meta.json")
+    eval_dir = Path(layout.eval_dir(name))
+    for evaluation in EVALUATIONS:
+        data = read_json(eval_dir / f"{evaluation}.json")
+        if data is not None:
+            run.evals[evaluation] = data
+    expected = settings.get("evaluations", [])  # the evaluations the config gives this run
+    run.missing += [f"eval/{e}.json" for e in expected if e not in run.evals]
+    if "dataset" in settings:  # the text data (a fine-tuning run's is its base's)
+        dataset = settings.get("text_dataset") or settings["dataset"]
+        run.manifest = read_json(Path(layout.tokens_manifest(dataset)))
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# the headline figures of a run
+
+
+def _mean_after_first(rows: list[dict[str, Any]], key: str) -> float | None:
+    """Mean of `key` over the train lines, leaving out the first (compile and warm-up)."""
+    values = [r[key] for r in rows if isinstance(r.get(key), int | float)]
+    if len(values) > 1:
+        values = values[1:]
+    return statistics.fmean(values) if values else None
+
+
+def _acc_norm(result: dict[str, Any] | None) -> float | None:
+    if result is None:
+        return None
+    return result.get("acc_norm", result.get("value"))
+
+
+def headline(run: Run, gpu_hour_price: float) -> dict[str, Any]:
+    """One row of the headline table. Falls back to training-time figures before the end."""
+    meta = run.meta or {}
+    last = run.train[-1] if run.train else {}
+    metrics: dict[str, float | None] = {}  # a headline column's key -> its value
+    for name, evaluation in EVALUATIONS.items():
+        for column in evaluation.columns:
+            metrics[column.key] = run.evals.get(name, {}).get(column.field)
+    notes = {}
+    if metrics.get("val_loss") is None and run.val and not run.fine_tuned:
+        # before the val_loss evaluation ran: the last val loss logged in training (a fine-tuning
+        # run's is on conversations, not the text dataset)
+        metrics["val_loss"], notes["val_loss"] = run.val[-1]["val_loss"], "during training"
+    wall_s = meta.get("wall_s", last.get("wall_s"))
+    world_size = meta.get("world_size", (run.provenance or {}).get("world_size"))
+    device = run.settings.get("launch", {}).get("device")
+    gpu_hours = None  # CPU runs have none (not zero: the table says "CPU")
+    if device == "cuda":
+        gpu_hours = meta.get("gpu_hours")
+        if gpu_hours is None and wall_s is not None and world_size:  # still training
+            gpu_hours = wall_s * world_size / 3600
+    return {
+        "name": run.name,
+        "status": run.status,
+        "missing": run.missing,
+        "metrics": metrics,
+        "notes": notes,
+        "tokens": meta.get("tokens", last.get("tokens")),
+        "step": meta.get("step", last.get("step")),
+        "max_steps": (meta.get("train") or run.settings.get("train", {})).get("max_steps"),
+        "wall_s": wall_s,
+        "gpu_hours": gpu_hours,
+        "cost": None if gpu_hours is None else gpu_hours * gpu_hour_price,
+        "tokens_per_s": _mean_after_first(run.train, "tokens_per_s"),
+        "mfu": _mean_after_first(run.train, "mfu"),
+        "device": device,
+        "world_size": world_size,
+    }
+
+
+def headline_columns(runs: list[Run]) -> list[Column]:
+    """The columns of the evaluations any of the runs has (lmpipe.registry, in its order);
+    the FineWeb val loss always (training logs it too)."""
+    names = {e for r in runs for e in r.settings.get("evaluations", [])} | {"val_loss"}
+    return [c for name, e in EVALUATIONS.items() if name in names for c in e.columns]
+
+
+def chat_comparison(runs: list[Run]) -> dict[str, Any] | None:
+    """Fine-tuned runs beside their bases: held-out conversation loss, evals, the same prompts."""
+    chat_runs = [r for r in runs if "sft_loss" in r.evals or "chat_samples" in r.evals]
+    if not chat_runs:
+        return None
+    rows = []
+    for r in chat_runs:
+        base = r.settings.get("base", {}).get("run") or r.settings.get("base", {}).get("hf")
+        rows.append(
+            {
+                "name": r.name,
+                "base": base,
+                "sft_loss": r.evals.get("sft_loss", {}).get("value"),
+                "val_loss": r.evals.get("val_loss", {}).get("value"),
+                "hellaswag": _acc_norm(r.evals.get("hellaswag")),
+            }
+        )
+    answers = {r.name: r.evals.get("chat_samples", {}).get("samples", []) for r in chat_runs}
+    prompts = list(dict.fromkeys(s["prompt"] for samples in answers.values() for s in samples))
+    table = [
+        {
+            "prompt": p,
+            "replies": [
+                next((s["reply"] for s in answers[r.name] if s["prompt"] == p), None)
+                for r in chat_runs
+            ],
+        }
+        for p in prompts
+    ]
+    return {"runs": [r.name for r in chat_runs], "rows": rows, "prompts": table}
+
+
+def produced_by(result: dict[str, Any]) -> str:
+    """What made an eval file, in one line: its scalar fields; nested ones (the checkpoint's
+    meta.json) only by their step and settings hash, as the full settings are shown elsewhere."""
+    parts = []
+    for key, value in (result.get("produced_by") or {}).items():
+        if isinstance(value, dict):
+            short = {k: value[k] for k in ("step", "settings_hash") if k in value}
+            parts += [f"{key}.{k}={v}" for k, v in short.items()]
+        elif not isinstance(value, list):
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)

@@ -1,0 +1,307 @@
+"""Checking a config before any job starts: the schema, the registry's sections, cross-field rules.
+
+- `validate(config)` runs Snakemake's own `validate()` against workflow/schemas/config.schema.yaml
+  (filling in defaults), then checks the sections whose keys come from lmpipe.registry (an
+  optimizer's settings, a run's evaluation sections) against schemas built from their
+  dataclasses, then the cross-field rules a schema cannot express. Any error is a ConfigError of
+  one line naming the YAML path, the key and, for a typo, the nearest valid key.
+- `load_config(path)`: a file read and validated as the Snakefile does it.
+
+    python -m lmpipe.schema config/config.yaml   # check a config: one line for a problem
+    python -m lmpipe.schema --print               # the whole schema, generated parts included
+
+The Snakefile and the by-hand tools use this module; the stage jobs do not (their conda envs
+hold neither Snakemake nor jsonschema): they get the checked slices (lmpipe.config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, ValidationError, validators
+
+from lmpipe.config import (
+    ConfigError,
+    did_you_mean,
+    is_conversations,
+    is_fine_tuning,
+    run_config,
+)
+from lmpipe.paths import SCHEMA
+from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
+
+SCHEMA_HINT = "  [python -m lmpipe.schema --print shows every key]"
+
+
+def section_schema(cls: type) -> dict[str, Any]:
+    """The JSON schema of a registry settings dataclass: types, defaults and constraints from its
+    fields (lmpipe.registry.setting), unknown keys refused."""
+    types = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
+    props, required_ = {}, []
+    for f in dataclasses.fields(cls):
+        prop = {k: v for k, v in f.metadata.items() if v != ""}
+        hint = str(f.type)
+        if hint in types:
+            prop["type"] = types[hint]
+        elif hint.startswith("tuple["):
+            n = hint.count(",") + 1
+            prop |= {"type": "array", "items": {"type": "number"}, "minItems": n, "maxItems": n}
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: no JSON type for {hint}")
+        if f.default is not dataclasses.MISSING:
+            prop["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+        else:
+            required_.append(f.name)
+        props[f.name] = prop
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": required_,
+        "properties": props,
+        "description": (cls.__doc__ or "").strip(),
+    }
+
+
+def _validator(schema: dict[str, Any]):
+    """jsonschema's validator that fills in defaults, as Snakemake's validate() does."""
+    properties = Draft202012Validator.VALIDATORS["properties"]
+
+    def set_defaults(validator, props, instance, schema_):
+        for name, sub in props.items():
+            if "default" in sub and isinstance(instance, dict):
+                instance.setdefault(name, json.loads(json.dumps(sub["default"])))
+        yield from properties(validator, props, instance, schema_)
+
+    return validators.extend(Draft202012Validator, {"properties": set_defaults})(schema)
+
+
+def explain(error: Any, root: str = "") -> str:
+    """One line for a jsonschema ValidationError: the YAML path, what is wrong, a hint."""
+    path = ".".join(p for p in [root, *(str(p) for p in error.absolute_path)] if p)
+    where = path or "config"
+    if error.validator == "additionalProperties":
+        valid = list(error.schema.get("properties", {}))
+        unknown = sorted(k for k in error.instance if k not in valid)
+        key = unknown[0] if unknown else "?"
+        return f"{where}: unknown key {key!r}{did_you_mean(key, valid)}"
+    if error.validator == "type" and isinstance(error.instance, str):
+        if error.validator_value in ("number", "integer") and re.fullmatch(
+            r"[-+]?\d+[eE][-+]?\d+", error.instance
+        ):
+            fixed = re.sub(r"^([-+]?\d+)[eE]([-+]?)(\d+)$", r"\1.0e\2\3", error.instance)
+            fixed = fixed if re.search(r"e[-+]", fixed) else fixed.replace("e", "e+")
+            return (
+                f"{where}: {error.instance!r} is a string to YAML, not a number: write {fixed}"
+                " (YAML needs a decimal point in a number with an exponent)"
+            )
+    if error.validator == "type":
+        return f"{where}: {error.instance!r} is not of type {error.validator_value!r}"
+    return f"{where}: {error.message}"
+
+
+def _schema_error(exc: BaseException) -> Any | None:
+    """The jsonschema ValidationError behind Snakemake's WorkflowError (raised while handling
+    it, so it is the WorkflowError's context), if any."""
+    while exc is not None and not isinstance(exc, ValidationError):
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+def validate(config: dict[str, Any]) -> None:
+    """Validate `config` in place (defaults filled in); a ConfigError names the first problem."""
+    from snakemake.utils import validate as snakemake_validate
+
+    try:
+        snakemake_validate(config, str(SCHEMA))
+    except Exception as e:
+        error = _schema_error(e)
+        if error is None:
+            raise
+        raise ConfigError(explain(error) + SCHEMA_HINT) from None
+    validate_registry_sections(config)
+    check_config(config)
+
+
+def _check_section(data: dict[str, Any], schema: dict[str, Any], where: str) -> None:
+    validator = _validator(schema)
+    for error in validator.iter_errors(data):
+        raise ConfigError(explain(error, where) + SCHEMA_HINT)
+
+
+def validate_registry_sections(config: dict[str, Any]) -> None:
+    """Optimizer settings and evaluation sections, against their registry dataclasses."""
+    for name, r in config["runs"].items():
+        opt = r["train"]["optimizer"]
+        where = f"runs.{name}.train.optimizer"
+        if opt.get("name") not in OPTIMIZERS:
+            raise ConfigError(
+                f"{where}.name: unknown optimizer {opt.get('name')!r}"
+                f"{did_you_mean(str(opt.get('name')), OPTIMIZERS)} (known: {', '.join(OPTIMIZERS)})"
+            )
+        _check_section(opt, section_schema(OPTIMIZERS[opt["name"]].settings), where)
+        evals = r.setdefault("eval", {})
+        for section in evals:
+            if section not in EVAL_SECTIONS:
+                raise ConfigError(
+                    f"runs.{name}.eval: unknown key {section!r}"
+                    f"{did_you_mean(section, EVAL_SECTIONS)}"
+                    f" (sections: {', '.join(EVAL_SECTIONS)})"
+                )
+        for section, cls in EVAL_SECTIONS.items():
+            _check_section(
+                evals.setdefault(section, {}), section_schema(cls), f"runs.{name}.eval.{section}"
+            )
+
+
+def full_schema() -> dict[str, Any]:
+    """The schema file plus the parts built from lmpipe.registry (for reading, not validating)."""
+    schema = yaml.safe_load(SCHEMA.read_text())
+    defs = schema["definitions"]
+    defs["optimizer"] = {"oneOf": [section_schema(o.settings) for o in OPTIMIZERS.values()]}
+    defs["eval"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {s: section_schema(c) for s, c in EVAL_SECTIONS.items()},
+    }
+    return schema
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read and validate a config file (the same checks as the Snakefile's)."""
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    validate(config)
+    return config
+
+
+def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
+    """A fine-tuning run: conversations data, one base of the same model, steps from epochs."""
+    r, where = config["runs"][name], f"runs.{name}"
+    if "base" not in r or "sft" not in r:
+        raise ConfigError(f"{where}: a fine-tuning run needs both `base:` and `sft:`")
+    if not is_conversations(config, r["dataset"]):
+        raise ConfigError(f"{where}.dataset: {r['dataset']!r} is not a `kind: conversations` one")
+    if "max_steps" in r["train"]:
+        raise ConfigError(f"{where}.train.max_steps: set by sft.epochs for a fine-tuning run")
+    seq_len = config["datasets"][r["dataset"]]["seq_len"]
+    if r["train"]["seq_len"] != seq_len:
+        raise ConfigError(
+            f"{where}.train.seq_len {r['train']['seq_len']} differs from datasets."
+            f"{r['dataset']}.seq_len {seq_len} (one conversation a row of that length)"
+        )
+    base = r["base"]
+    if bool(base.get("run")) == bool(base.get("hf")):
+        raise ConfigError(f"{where}.base: give exactly one of `run` or `hf`")
+    if base.get("run"):
+        b = base["run"]
+        if b not in config["runs"] or is_fine_tuning(config, b):
+            raise ConfigError(f"{where}.base.run: {b!r} is not a pretraining run of `runs:`")
+        if config["runs"][b]["model"] != r["model"]:
+            raise ConfigError(
+                f"{where}.model {r['model']!r} differs from its base run's"
+                f" {config['runs'][b]['model']!r}"
+            )
+        datasets = {
+            o["dataset"] for o in config["runs"].values() if o.get("base", {}).get("run") == b
+        }
+        if len(datasets) > 1:
+            raise ConfigError(
+                f"runs: base run {b!r} is fine-tuned on several conversation datasets"
+                f" {sorted(datasets)}; its chat evaluations support one"
+            )
+    elif not base.get("dataset") or is_conversations(config, base["dataset"]):
+        raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Checks across fields and sections; each error names the YAML path and the value."""
+    for name, d in config["datasets"].items():
+        where = f"datasets.{name}"
+        if d["source"] == "local" and not d.get("path"):
+            raise ConfigError(f"{where}: source 'local' needs `path`")
+        if is_conversations(config, name):  # a ShareGPT dataset needs no subset name
+            if d["source"] == "huggingface" and not d.get("repo"):
+                raise ConfigError(f"{where}: source 'huggingface' needs `repo`")
+            continue
+        if d["source"] == "huggingface" and not (d.get("repo") and d.get("name")):
+            raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
+    for name, m in config["models"].items():
+        if m["arch"] not in ARCHITECTURES:
+            raise ConfigError(
+                f"models.{name}.arch: unknown architecture {m['arch']!r}"
+                f"{did_you_mean(m['arch'], ARCHITECTURES)} (known: {', '.join(ARCHITECTURES)})"
+            )
+        if m["n_embd"] % m["n_head"]:
+            raise ConfigError(
+                f"models.{name}: n_embd {m['n_embd']} is not divisible by n_head {m['n_head']}"
+            )
+        if m["padded_vocab_size"] < m["vocab_size"]:
+            raise ConfigError(f"models.{name}: padded_vocab_size is below vocab_size")
+    for name, r in config["runs"].items():
+        where = f"runs.{name}"
+        if r["dataset"] not in config["datasets"]:
+            raise ConfigError(
+                f"{where}.dataset: unknown dataset {r['dataset']!r}"
+                f"{did_you_mean(r['dataset'], config['datasets'])}"
+            )
+        if r["model"] not in config["models"]:
+            raise ConfigError(
+                f"{where}.model: unknown model {r['model']!r}"
+                f"{did_you_mean(r['model'], config['models'])}"
+            )
+        if "base" in r or "sft" in r:
+            check_fine_tuning_run(config, name)
+        elif is_conversations(config, r["dataset"]):
+            raise ConfigError(f"{where}: dataset {r['dataset']!r} is conversations: add base/sft")
+        elif "max_steps" not in r["train"]:
+            raise ConfigError(f"{where}.train: 'max_steps' is required")
+        rc = run_config(config, name)
+        if rc.train.seq_len > rc.model.block_size:
+            raise ConfigError(
+                f"{where}.train.seq_len {rc.train.seq_len} exceeds the model's block_size"
+                f" {rc.model.block_size}"
+            )
+        try:
+            rc.train.grad_accum_steps(rc.launch.world_size)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        hellaswag = rc.eval["hellaswag"].file
+        if hellaswag not in config["hellaswag"]:
+            raise ConfigError(
+                f"{where}.eval.hellaswag.file: unknown HellaSwag file {hellaswag!r}"
+                f"{did_you_mean(hellaswag, config['hellaswag'])}"
+            )
+    for name, rep in config["reports"].items():
+        for run in rep["runs"]:
+            if run not in config["runs"]:
+                raise ConfigError(
+                    f"reports.{name}.runs: unknown run {run!r}{did_you_mean(run, config['runs'])}"
+                )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Check a config file, or print the schema.")
+    p.add_argument("config", nargs="?", default="config/config.yaml")
+    p.add_argument("--print", action="store_true", help="print the full schema (YAML)")
+    args = p.parse_args(argv)
+    if args.print:
+        print(yaml.safe_dump(full_schema(), sort_keys=False))
+        return 0
+    try:
+        load_config(args.config)
+    except ConfigError as e:
+        print(f"{args.config}: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.config}: valid")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): sharded, atomic, tied to their settings.
+
+A periodic checkpoint `checkpoints/step_NNNNNN/` holds
+- the model and optimizer state, sharded as each rank holds it (DCP files + `.metadata`);
+- `train_state.json`: step, tokens, loader position, wall time and the settings hash;
+- `rng_rank{r}.pt`: each rank's RNG states (tensors only, loaded with `weights_only=True`).
+It is written as `step_NNNNNN.tmp/` and renamed when every rank has finished, so a directory
+without `.tmp` is complete. The newest `keep` checkpoints of the current settings are kept.
+Checkpoints of other settings are never resumed: they are moved aside to
+`checkpoints/other-settings/{hash}/` (and the log says so), never deleted. A fresh start
+(`--fresh-start`) moves every checkpoint aside to `checkpoints/retired/{UTC time}/`.
+
+The final checkpoint `final/` is the contract with `convert`: `{"model": state dict}` with full,
+unprefixed parameter names (loadable in one process without a process group) and `meta.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "train_state.json"
+PREFIX = "step_"
+TMP = ".tmp"
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's value on every rank (decisions about files must be the same everywhere)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class Checkpointer:
+    """Owns the checkpoint folder: when to save, saving, pruning, and what to resume from."""
+
+    def __init__(self, folder: str | Path, settings_hash: str, every: int, keep: int):
+        self.folder = Path(folder)
+        self.settings_hash = settings_hash
+        self.every = every
+        self.keep = keep
+
+    def should_save(self, step: int, last_step: int) -> bool:
+        return step == last_step or (self.every > 0 and step % self.every == 0)
+
+    # ---- finding ----------------------------------------------------------------------------
+
+    def _complete(self) -> list[tuple[int, Path, str | None]]:
+        """(step, path, settings hash) of every complete checkpoint, oldest first."""
+        found = []
+        for path in self.folder.glob(f"{PREFIX}*"):
+            if path.name.endswith(TMP) or not path.is_dir():
+                continue
+            try:
+                state = json.loads((path / STATE_FILE).read_text())
+            except (OSError, ValueError):
+                state = {}
+            found.append((int(path.name[len(PREFIX) :]), path, state.get("settings_hash")))
+        return sorted(found)
+
+    def newest(self) -> Path | None:
+        """The newest complete checkpoint of these settings (read-only; for messages)."""
+        mine = [path for _, path, digest in self._complete() if digest == self.settings_hash]
+        return mine[-1] if mine else None
+
+    def retire_all(self) -> None:
+        """Move every checkpoint aside (a fresh start), on rank 0; nothing is deleted."""
+        if dist.get_rank() == 0:
+            old = [p for p in self.folder.glob(f"{PREFIX}*") if p.is_dir()]
+            if old:
+                stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+                aside = self.folder / "retired" / stamp
+                aside.mkdir(parents=True)
+                for path in old:
+                    path.rename(aside / path.name)
+                log.warning("fresh start: moved %d checkpoint(s) to %s", len(old), aside)
+        dist.barrier()
+
+    def find_resume(self) -> Path | None:
+        """Newest complete checkpoint of these settings, or None (then start fresh).
+
+        Rank 0 looks, tidies and decides; every rank gets the same answer. Unfinished `.tmp`
+        folders (a crash during a save) are removed; other settings' checkpoints are moved aside.
+        """
+        choice = None
+        if dist.get_rank() == 0:
+            for tmp in self.folder.glob(f"{PREFIX}*{TMP}"):
+                log.warning("removing unfinished checkpoint %s", tmp)
+                shutil.rmtree(tmp)
+            for _, path, digest in self._complete():
+                if digest == self.settings_hash:
+                    choice = str(path)
+                    continue
+                aside = self.folder / "other-settings" / str(digest) / path.name
+                log.warning(
+                    "checkpoint %s belongs to other settings (hash %s, now %s): not resuming it;"
+                    " moved to %s",
+                    path,
+                    digest,
+                    self.settings_hash,
+                    aside,
+                )
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                path.rename(aside)
+            if choice is None:
+                log.info(
+                    "no checkpoint of settings %s in %s: starting fresh",
+                    self.settings_hash,
+                    self.folder,
+                )
+        choice = _broadcast(choice)
+        return Path(choice) if choice else None
+
+    # ---- saving and loading -----------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_state: dict[str, Any],
+    ) -> Path:
+        """Write `step_NNNNNN/` on all ranks (atomically), then prune old ones."""
+        final = self.folder / f"{PREFIX}{step:06d}"
+        with atomic_folder(final) as tmp:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+            torch.save(_rng_state(), tmp / f"rng_rank{dist.get_rank():05d}.pt")
+            if dist.get_rank() == 0:
+                state = dict(train_state, step=step, settings_hash=self.settings_hash)
+                (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+        if dist.get_rank() == 0:
+            self._prune()
+        return final
+
+    def _prune(self) -> None:
+        mine = [path for _, path, digest in self._complete() if digest == self.settings_hash]
+        for path in mine[: -self.keep]:
+            shutil.rmtree(path)
+
+    def load(
+        self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> dict[str, Any]:
+        """Restore model, optimizer and this rank's RNG; return the train state (step, loader)."""
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        rng_file = path / f"rng_rank{dist.get_rank():05d}.pt"
+        _set_rng_state(torch.load(rng_file, weights_only=True))
+        return json.loads((path / STATE_FILE).read_text())
+
+
+@contextmanager
+def atomic_folder(final: Path) -> Iterator[Path]:
+    """All ranks write into `final.tmp/`; once every rank is done, rank 0 renames it to `final`.
+
+    So a checkpoint folder exists only when complete, whatever kills the job while it is written.
+    """
+    tmp = final.with_name(final.name + TMP)
+    if dist.get_rank() == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    yield tmp
+    dist.barrier()  # every rank's files are written
+    if dist.get_rank() == 0:
+        if final.exists():  # the same step from an earlier attempt
+            shutil.rmtree(final)
+        tmp.rename(final)
+    dist.barrier()
+
+
+def save_final(folder: str | Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
+    """The contract with convert: DCP `{"model": state dict}` + `meta.json`, renamed at the end."""
+    with atomic_folder(Path(folder)) as tmp:
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=tmp)
+        if dist.get_rank() == 0:
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,211 @@
+"""Start torchrun for a run, the way its `launch:` settings say, and pass signals to the workers.
+
+    python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--worker MODULE]
+
+(the train rule). The worker is a module torchrun runs on every rank: `lmpipe.train.pretrain` by
+default, `lmpipe.chat.finetune` for a fine-tuning run; both run lmpipe.train.loop.
+
+- CPU: `torchrun --standalone --nproc-per-node=P` on gloo, OMP_NUM_THREADS = cores / P.
+- one GPU node: `torchrun --standalone --nproc-per-node=G`, one rank a GPU.
+- several nodes under SLURM: one torchrun a node through
+  `srun --nodes=N --ntasks=N --ntasks-per-node=1`, c10d rendezvous at the allocation's first node
+  (asked of squeue/scontrol: the SLURM executor strips most SLURM_* variables).
+
+Signals. SLURM sends SIGUSR1 or SIGTERM before a time limit or a preemption; the workers must
+checkpoint and exit non-zero. torchrun's agent does not forward SIGUSR1 (its default action kills
+the agent and orphans the workers) and answers SIGTERM by killing the workers after 30 s. So
+torchrun is started with SIGUSR1 ignored, and this process, on SIGUSR1 or SIGTERM, sends SIGUSR1
+straight to the workers (the agent's children). They finish the step, save a checkpoint and exit
+with lmpipe.train.loop.EXIT_STOPPED; torchrun then fails, and so does the job, for Snakemake to
+retry.
+Under srun, the same forwarding runs on every node (`--node-agent`); srun passes the signal on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from lmpipe.config import Placement, TrainJob
+from lmpipe.train.parallel import die_with_parent
+
+RDZV_PORT = 29500
+PRETRAIN_WORKER = "lmpipe.train.pretrain"
+# set (to anything but "" or "0"): start from step 0, the old checkpoints moved aside. For
+# `LMPIPE_FRESH_START=1 snakemake --forcerun results/runs/RUN/train/final`: not a config setting,
+# so that it never reruns a job by itself.
+FRESH_START_ENV = "LMPIPE_FRESH_START"
+FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def cpu_count() -> int:
+    """Cores this process may use (the affinity mask, which SLURM and taskset narrow)."""
+    return len(os.sched_getaffinity(0))
+
+
+def _slurm(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def slurm_nodes(job_id: str) -> tuple[list[str], int | None]:
+    """Hostnames of the job's nodes and its CPUs a task (asked of the controller)."""
+    nodelist = _slurm("squeue", "-h", "-j", job_id, "-o", "%N")
+    hosts = _slurm("scontrol", "show", "hostnames", nodelist).split()
+    match = re.search(r"CPUs/Task=(\d+)", _slurm("scontrol", "show", "job", job_id))
+    return hosts, int(match.group(1)) if match else None
+
+
+def node_address(node: str) -> str:
+    """The address of a SLURM node: its NodeAddr, which may differ from the node's name."""
+    match = re.search(r"NodeAddr=(\S+)", _slurm("scontrol", "show", "node", node))
+    return match.group(1) if match else node
+
+
+def torchrun_command(
+    launch: Placement,
+    worker_args: list[str],
+    worker: str = PRETRAIN_WORKER,
+    head: str | None = None,
+    job_id: str | None = None,
+) -> list[str]:
+    """torchrun for one node: standalone for one node, c10d rendezvous at `head` for several."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={launch.procs_per_node}",
+    ]
+    if launch.nodes == 1:
+        cmd += ["--standalone"]
+    else:
+        cmd += [
+            f"--nnodes={launch.nodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={head}:{RDZV_PORT}",
+            f"--rdzv-id={job_id}",
+        ]
+    return cmd + ["-m", worker, *worker_args]
+
+
+def build_command(
+    launch: Placement, worker_args: list[str], worker: str = PRETRAIN_WORKER
+) -> tuple[list[str], dict[str, str]]:
+    """The command line to run on this machine, and its environment."""
+    env = dict(os.environ)
+    nodes = launch.nodes
+    if launch.device == "cpu":
+        # one intra-op thread pool a rank: share the cores instead of oversubscribing them
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // launch.procs_per_node)))
+    if nodes == 1:
+        return torchrun_command(launch, worker_args, worker), env
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise RuntimeError(f"launch.nodes is {nodes}: several nodes need a SLURM allocation")
+    hosts, cpus_per_task = slurm_nodes(job_id)
+    if len(hosts) < nodes:
+        raise RuntimeError(f"launch.nodes is {nodes} but SLURM job {job_id} has {hosts}")
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+    if cpus_per_task:
+        srun.append(f"--cpus-per-task={cpus_per_task}")
+    agent = [sys.executable, "-m", "lmpipe.train", "--node-agent", "--"]
+    torchrun = torchrun_command(launch, worker_args, worker, node_address(hosts[0]), job_id)
+    return srun + agent + torchrun, env
+
+
+def _prepare_agent() -> None:
+    """In the child before exec: ignore SIGUSR1 (an ignored signal stays ignored across exec, so
+    the agent survives it), and get SIGTERM if this launcher dies (the agent then stops its
+    workers, which checkpoint first)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    die_with_parent(signal.SIGTERM)
+
+
+def run_forwarding(cmd: list[str], env: dict[str, str], to_workers: bool) -> int:
+    """Run `cmd`; on SIGUSR1/SIGTERM signal the workers (to_workers) or `cmd` itself (srun)."""
+    print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_prepare_agent if to_workers else None)
+
+    got: list[int] = []
+    signalled: set[int] = set()
+
+    def forward(signum: int, frame: Any) -> None:
+        got.append(signum)
+        print(f"lmpipe.train: got {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        if not to_workers:  # srun passes SIGUSR1/SIGTERM on to the node agents
+            proc.send_signal(signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            code = proc.wait(timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if got and to_workers:
+            # once to each worker (checked every second: torchrun may still be spawning them).
+            # Never twice: a worker that has saved and is exiting has Python's handlers reset,
+            # and a second SIGUSR1 would kill it with the signal instead of its exit code.
+            for worker in psutil.Process(proc.pid).children():
+                if worker.pid not in signalled:
+                    signalled.add(worker.pid)
+                    try:
+                        worker.send_signal(signal.SIGUSR1)
+                    except psutil.NoSuchProcess:
+                        pass
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config-json", help="the train rule's params (JSON)")
+    parser.add_argument("--data", type=Path, help="the data's manifest.json")
+    parser.add_argument("--out", type=Path, help="the run's train/ folder")
+    parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
+    parser.add_argument("--worker", default=PRETRAIN_WORKER, help="the module torchrun runs")
+    parser.add_argument(
+        "--fresh-start",
+        action="store_true",
+        help=f"move old checkpoints aside; start at step 0 (or set {FRESH_START_ENV}=1)",
+    )
+    parser.add_argument(
+        "--node-agent", action="store_true", help="internal: run the command after -- on this node"
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.node_agent:
+        cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+        node, node_id = os.environ.get("SLURMD_NODENAME"), os.environ.get("SLURM_NODEID")
+        gpus = os.environ.get("SLURM_GPUS_ON_NODE", "0")
+        print(f"lmpipe.train: node agent on {node} (node {node_id}, {gpus} GPUs)", file=sys.stderr)
+        return run_forwarding(cmd, dict(os.environ), to_workers=True)
+    if not (args.config_json and args.data and args.out):
+        parser.error("--config-json, --data and --out are required")
+    launch = TrainJob.from_json(args.config_json).launch
+    worker_args = [
+        "--config-json",
+        args.config_json,
+        "--data",
+        str(args.data),
+        "--out",
+        str(args.out),
+    ]
+    if args.init is not None:
+        worker_args += ["--init", str(args.init)]
+    if args.fresh_start or os.environ.get(FRESH_START_ENV, "") not in ("", "0"):
+        worker_args += ["--fresh-start"]
+    cmd, env = build_command(launch, worker_args, args.worker)
+    return run_forwarding(cmd, env, to_workers=launch.nodes == 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

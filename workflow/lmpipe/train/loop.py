@@ -1,0 +1,321 @@
+"""The training loop, the same for every kind of training: what differs comes in as a `Task`.
+
+A worker (`torchrun -m lmpipe.train.pretrain`, or `lmpipe.chat.finetune`) builds its Task (the
+loaders, the steps and schedule, the starting weights, which targets count) and calls `run`.
+The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens`, the optimizer of
+`train.optimizer` with the schedule's lr, gradient clipping, validation every `val_every` steps,
+a DCP checkpoint every `checkpoint_every` steps. A NaN/inf loss stops the run with an error;
+SIGUSR1/SIGTERM save a checkpoint and exit with EXIT_STOPPED, for a retry to resume.
+
+Writes under --out: `metrics.jsonl`, `tb/`, `provenance.json`, `checkpoints/step_NNNNNN/`
+(resumed automatically) and `final/` (the contract with `convert`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from lmpipe import provenance
+from lmpipe.config import TrainConfig, TrainJob, settings_hash
+from lmpipe.models import build_model
+from lmpipe.train.checkpoint import Checkpointer, save_final
+from lmpipe.train.metrics import Metrics
+from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
+from lmpipe.train.parallel import Dist, die_with_parent, init_distributed, local_numel, parallelize
+
+log = logging.getLogger("lmpipe.train")
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retry resumes
+# train settings that never change the trajectory (logging and checkpointing only)
+NOT_TRAJECTORY = ("val_every", "val_tokens", "checkpoint_every", "keep_checkpoints")
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), (B, T) each; target -1: not counted
+
+
+class Loader(Protocol):
+    """Batches for one rank, with a position saved and restored at step boundaries."""
+
+    def next_batch(self) -> Batch: ...
+    def state_dict(self) -> dict[str, int]: ...
+    def load_state_dict(self, state: dict[str, int]) -> None: ...
+
+
+@dataclass
+class Task:
+    """What a kind of training brings to the loop; the loop knows nothing else of it."""
+
+    train: TrainConfig  # the run's settings, max_steps and schedule resolved
+    loader: Loader
+    val_batches: list[Batch]  # this rank's share of the validation data
+    data_identity: Any  # what the data adds to the settings hash (e.g. the shards' sha256)
+    # copies the starting weights into the freshly built, unsharded model and returns their
+    # identity (hashed too, so another base's checkpoints are never resumed); None: random init
+    init: Callable[[torch.nn.Module], str] | None = None
+    sparse_targets: bool = False  # most targets are -1: the LM head runs on counted ones only
+    meta: dict[str, Any] = field(default_factory=dict)  # extra keys for final/meta.json
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; training cannot continue from this state."""
+
+
+class StopFlag:
+    """Set by SIGUSR1/SIGTERM; the loop acts on it at the next step boundary, on all ranks."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+
+def trajectory_hash(job: TrainJob, task: Task, world_size: int) -> str:
+    """Hash of what shapes the trajectory: model, train settings, data, ranks (not logging)."""
+    train = {k: v for k, v in dataclasses.asdict(task.train).items() if k not in NOT_TRAJECTORY}
+    return settings_hash(
+        {
+            "model": dataclasses.asdict(job.model),
+            "train": train,
+            "dataset": job.dataset,
+            "data": task.data_identity,
+            "world_size": world_size,
+        }
+    )
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[Batch], device: torch.device) -> float:
+    """Mean validation loss over this rank's batches, averaged over ranks."""
+    total = torch.zeros((), device=device)
+    for x, y in batches:
+        _, loss = model(x.to(device), y.to(device))
+        total += loss
+    dist.all_reduce(total)  # SUM (gloo has no AVG)
+    return total.item() / (len(batches) * dist.get_world_size())  # host sync
+
+
+def write_provenance(
+    job: TrainJob, model: torch.nn.Module, d: Dist, digest: str, out: Path
+) -> None:
+    """provenance.json: code, packages, hosts and how the parameters are spread over the ranks."""
+    hosts, held = [None] * d.world_size, [None] * d.world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    # each rank's SLURM node name (None outside SLURM): test slurmds on one machine share a host
+    slurm_nodes = [None] * d.world_size
+    dist.all_gather_object(slurm_nodes, os.environ.get("SLURMD_NODENAME"))
+    dist.all_gather_object(held, local_numel(model))  # parameter elements each rank holds
+    if d.is_main:
+        prov = provenance.collect() | {
+            "world_size": d.world_size,
+            "device": d.device.type,
+            "nodes": job.launch.nodes,
+            "settings_hash": digest,
+            "hosts": hosts,
+            "slurm_nodes": slurm_nodes,
+            "params": model.num_params(),
+            "params_per_rank": held,
+        }
+        (out / "provenance.json").write_text(json.dumps(prov, indent=1))
+
+
+def run(
+    job: TrainJob, task: Task, out: Path, d: Dist, stop: StopFlag, fresh_start: bool = False
+) -> int:
+    """Run (or resume) the training of one run; returns the process exit code."""
+    tc = task.train
+    accum = tc.grad_accum_steps(d.world_size)
+    digest = trajectory_hash(job, task, d.world_size)
+    if d.device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls
+        torch.backends.cudnn.allow_tf32 = True
+
+    # the model: the same seed on every rank gives the same full weights before sharding
+    torch.manual_seed(tc.seed)
+    model = build_model(job.model)
+    model.head_on_counted_only = task.sparse_targets
+    if task.init is not None:  # e.g. fine-tuning: another base's checkpoints are never resumed
+        digest = settings_hash([digest, task.init(model)])
+    model = parallelize(model, d.device, tc.dtype, tc.compile)
+    flops_per_token = model.flops_per_token(tc.seq_len)
+    head_flops_per_token = model.head_flops_per_token()
+    optimizer = build_optimizer(model, tc.optimizer)
+    peak_lrs = [group["lr"] for group in optimizer.param_groups]
+    loader = task.loader
+
+    # resume from the newest checkpoint of these settings, if any
+    ckpt = Checkpointer(out / "checkpoints", digest, tc.checkpoint_every, tc.keep_checkpoints)
+    if fresh_start:
+        ckpt.retire_all()
+    step, tokens, wall_before = 0, 0, 0.0
+    resume = ckpt.find_resume()
+    if resume is not None:
+        state = ckpt.load(resume, model, optimizer)
+        loader.load_state_dict(state["loader"])
+        step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
+        log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
+    metrics = Metrics(out, step, d.is_main)
+    write_provenance(job, model, d, digest, out)
+    if d.is_main:
+        log.info(
+            "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step",
+            job.run, model.num_params(), d.world_size, accum, tc.micro_batch, tc.seq_len,
+            tc.batch_tokens,
+        )  # fmt: skip
+
+    t_start = time.time()
+
+    def wall_s() -> float:
+        return wall_before + time.time() - t_start
+
+    def validate() -> None:
+        val_loss = evaluate(model, task.val_batches, d.device)
+        metrics.write({"step": step, "tokens": tokens, "val_loss": val_loss, "wall_s": wall_s()})
+        if d.is_main:
+            print(f"step {step:5d}/{tc.max_steps} | val loss {val_loss:.4f}", flush=True)
+
+    if step == 0:
+        validate()
+    while step < tc.max_steps:
+        t0 = time.time()
+        for group, peak in zip(optimizer.param_groups, peak_lrs, strict=True):
+            group["lr"] = lr_at(step, peak, tc.schedule, tc.max_steps)
+        lr = optimizer.param_groups[0]["lr"]
+        loss_accum = torch.zeros((), device=d.device)
+        counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
+        for _ in range(accum):
+            x, y = loader.next_batch()
+            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+            _, loss = model(x, y)
+            loss = loss / accum  # the gradient of the mean over the whole step
+            loss_accum += loss.detach()
+            if task.sparse_targets:
+                counted += (y != -1).sum()  # -1: the model's "does not count" target
+            loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
+        grad_norm = clip_grad_norm(model, tc.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens += tc.batch_tokens
+        # one all-reduce: the step's loss and counted tokens summed over ranks, and whether any
+        # rank got a signal
+        signalled = torch.tensor(float(stop.signal is not None), device=d.device)
+        flags = torch.stack([loss_accum, signalled, counted])
+        dist.all_reduce(flags)
+        loss_value, stop_requested, counted_tokens = flags.tolist()  # host sync: the step is done
+        loss_value /= d.world_size
+        dt = time.time() - t0
+        if not math.isfinite(loss_value):
+            newest = ckpt.newest()
+            raise NonFiniteLossError(
+                f"step {step}: the training loss is {loss_value}; stopping. The last good"
+                f" checkpoint is {newest or '(none yet)'}; lower the lr or check the data."
+            )
+        tokens_per_s = tc.batch_tokens / dt
+        step_flops = flops_per_token * tc.batch_tokens  # llm.c's formula
+        if task.sparse_targets:  # the head ran on the counted tokens only
+            step_flops -= head_flops_per_token * (tc.batch_tokens - counted_tokens)
+        mfu = step_flops / dt / (job.launch.peak_flops * d.world_size)
+        metrics.write(
+            {
+                "step": step,
+                "tokens": tokens,
+                "loss": loss_value,
+                "lr": lr,
+                "grad_norm": grad_norm.item(),
+                "tokens_per_s": tokens_per_s,
+                "mfu": mfu,
+                "wall_s": wall_s(),
+            }
+        )
+        if d.is_main:  # llm.c's step line
+            print(
+                f"step {step:5d}/{tc.max_steps} | loss {loss_value:.6f} | lr {lr:.2e}"
+                f" | norm {grad_norm.item():.4f} | {dt * 1000:.1f} ms | {100 * mfu:.1f}% MFU"
+                f" | {tokens_per_s:,.0f} tok/s",
+                flush=True,
+            )
+        if step == tc.max_steps or (tc.val_every > 0 and step % tc.val_every == 0):
+            validate()
+        saved = ckpt.should_save(step, tc.max_steps)
+        if saved or stop_requested:
+            state = {"tokens": tokens, "loader": loader.state_dict(), "wall_s": wall_s()}
+            path = ckpt.save(step, model, optimizer, state)
+            log.info("saved checkpoint %s", path)
+        if stop_requested:
+            log.warning("stopping at step %d on a signal; a restart resumes from there", step)
+            # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
+            # Python resets its handlers to the default while finalizing, not ignored signals
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            metrics.close()
+            return EXIT_STOPPED
+
+    wall = wall_s()
+    meta = {
+        "run": job.run,
+        "model": dataclasses.asdict(job.model),
+        "train": dataclasses.asdict(tc),
+        "settings_hash": digest,
+        "step": step,
+        "tokens": tokens,
+        "world_size": d.world_size,
+        "wall_s": wall,
+        "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
+        **task.meta,
+    }
+    save_final(out / "final", model, meta)
+    log.info("wrote %s after %d steps, %.1f s", out / "final", step, wall)
+    metrics.close()
+    return 0
+
+
+def worker_main(
+    argv: list[str] | None,
+    make_task: Callable[[TrainJob, Path, Dist, Path | None], Task],
+    description: str,
+) -> int:
+    """A torchrun worker: parse the launcher's arguments, join the process group, build the
+    task, train. `make_task(job, data, dist, init)` is the worker's own part."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config-json", required=True, help="the train rule's params (JSON)")
+    parser.add_argument("--data", required=True, type=Path, help="the data's manifest.json")
+    parser.add_argument("--out", required=True, type=Path, help="the run's train/ folder")
+    parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
+    parser.add_argument(
+        "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
+    )
+    args = parser.parse_args(argv)
+    stop = StopFlag()  # first: a signal during start-up is acted on at the first step boundary
+    job = TrainJob.from_json(args.config_json)
+    rank = int(os.environ.get("RANK", 0))
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: never outlive the agent
+        die_with_parent()
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    d = init_distributed(job.launch.device)
+    try:
+        task = make_task(job, args.data, d, args.init)
+        return run(job, task, args.out, d, stop, args.fresh_start)
+    finally:
+        dist.destroy_process_group()

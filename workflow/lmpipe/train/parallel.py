@@ -1,0 +1,104 @@
+"""Distributed set-up and FSDP2 sharding of a model. The model itself knows nothing of this.
+
+As torchtitan does: `fully_shard` each of the model's `blocks()` (its parameters are gathered
+just before its forward and freed after), then the root, which holds the embeddings, the final
+norm and the LM head. A tied embedding/head weight is one parameter of the root unit, so it is
+never split across two units.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process sits: rank, world size, local rank, and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Linux: get `sig` when the parent dies, so no process outlives the one that started it.
+
+    torchrun starts its workers in new sessions: if the agent is killed (SIGKILL, OOM), orphaned
+    workers would otherwise go on training and writing checkpoints beside a restarted run.
+    """
+    if sys.platform != "linux":
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the call
+        os.kill(os.getpid(), sig)
+
+
+def init_distributed(device_type: str) -> Dist:
+    """A process group under torchrun (env vars), or a one-process group without it.
+
+    NCCL on GPUs, gloo on the CPU. Without torchrun the group has one rank (an in-memory
+    store), so single-process runs take the same FSDP code path as multi-rank ones.
+    """
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("launch.device is 'cuda' but no CUDA device is visible")
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if "RANK" in os.environ:  # started by torchrun
+        dist.init_process_group(backend, device_id=device if device_type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def mixed_precision(device_type: str, dtype: str) -> MixedPrecisionPolicy:
+    """bf16 parameters and activations with fp32 gradient reduction on GPUs; fp32 on the CPU."""
+    if device_type == "cuda" and dtype == "bfloat16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()  # everything in the parameters' dtype (fp32)
+
+
+def parallelize(
+    model: torch.nn.Module, device: torch.device, dtype: str, compile: bool
+) -> torch.nn.Module:
+    """Compile each block (optional), then shard blocks and root over all ranks.
+
+    Per-block `Module.compile()` keeps parameter names unprefixed (no `_orig_mod.`), so state
+    dicts and checkpoints read the same with or without compile.
+    """
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = mixed_precision(device.type, dtype)
+    for block in model.blocks():
+        if compile:
+            block.compile()
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # moves the parameters to `device`
+    if compile:
+        model.compile_loss()  # the LM head + loss: the biggest op of a small model
+    return model
+
+
+def local_numel(model: torch.nn.Module) -> int:
+    """Parameter elements this rank holds (its shards), for checking that sharding happened."""
+    return sum(
+        p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters()
+    )

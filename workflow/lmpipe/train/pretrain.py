@@ -1,0 +1,53 @@
+"""Pretraining on token shards: the torchrun worker of the `train` rule's pretraining runs.
+
+    torchrun --standalone --nproc-per-node=2 -m lmpipe.train.pretrain \\
+        --config-json "$(cat job.json)" --data results/data/embedded/tokens/manifest.json \\
+        --out results/runs/embedded-a/train
+
+(`python -m lmpipe.train` starts it so, from the run's launch settings; without torchrun it runs
+as one process.) It brings the loop (lmpipe.train.loop) the shards: a ShardLoader over the train
+shards and this rank's share of the val shard; the model starts from its random init.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from lmpipe.config import TrainJob
+from lmpipe.data.loader import ShardLoader, shard_files, val_batches
+from lmpipe.train.loop import Task, worker_main
+from lmpipe.train.parallel import Dist
+
+
+def shard_digests(manifest: Path) -> list[str]:
+    """The shards' sha256, as the tokens manifest lists them: the data's identity."""
+    shards = json.loads(Path(manifest).read_text())["shards"]
+    return [s.get("sha256", s["file"]) for s in shards]
+
+
+def pretraining(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Task:
+    if init is not None:
+        raise ValueError(f"--init {init}: pretraining starts from a random init")
+    tc = job.train
+    loader = ShardLoader(
+        shard_files(manifest, "train"), tc.micro_batch, tc.seq_len, tc.batch_tokens, d.rank,
+        d.world_size,
+    )  # fmt: skip
+    val = val_batches(
+        shard_files(manifest, "val")[0], tc.micro_batch, tc.seq_len, tc.val_tokens, d.rank,
+        d.world_size,
+    )  # fmt: skip
+    return Task(train=tc, loader=loader, val_batches=val, data_identity=shard_digests(manifest))
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    return worker_main(argv, pretraining, __doc__.split("\n")[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
