@@ -1,4 +1,4 @@
-"""Shared fixtures: paths to the repo and to the real data beside it."""
+"""Shared fixtures: paths to the repo and its resources (the real data the tests use)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILE = REPO / "config" / "config.yaml"
-SHARED_DATA = REPO.parent / "shared" / "data"
 RESOURCES = REPO / "resources"
 TOKENIZER_DIR = RESOURCES / "gpt2"
 

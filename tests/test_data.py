@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 
-from conftest import RESOURCES, SHARED_DATA, TOKENIZER_DIR
+from conftest import RESOURCES, TOKENIZER_DIR
 from lmpipe.config import SourceConfig, TokenizeConfig
 from lmpipe.data import shards
 from lmpipe.data.download import download_dataset
@@ -50,7 +50,7 @@ def tiktoken_gpt2(tmp_path_factory):
 
 def test_tokenizer_equals_tiktoken_gpt2_on_real_text(tiktoken_gpt2, fineweb_texts):
     ours = gpt2_encoding(TOKENIZER_DIR)
-    shakespeare = (SHARED_DATA / "tinyshakespeare" / "input.txt").read_text()[:20000]
+    shakespeare = (RESOURCES / "tinyshakespeare_20k.txt").read_text()
     texts = fineweb_texts[:200] + [shakespeare, "Hello world", "  leading spaces\n\n\ttabs 123"]
     for text in texts:
         assert ours.encode_ordinary(text) == tiktoken_gpt2.encode_ordinary(text)
