@@ -1,14 +1,24 @@
-"""GPT-2 124M training throughput on one GPU, through the trainer's own code path.
+"""GPT-2 training throughput on one GPU, through the trainer's own code path.
 
 The model, FSDP2 wrapping (a one-rank NCCL group), bf16 mixed precision, per-block
 torch.compile, fused AdamW and clipping are lmpipe's (`lmpipe.train.parallel`,
-`lmpipe.train.optim`); the tokens are random (data loading is not what is measured). For each
-micro-batch size: `--warmup` steps (compilation), then `--steps` timed steps; prints tokens/s,
-MFU against `--peak-flops` (llm.c's 6N + 6LCT FLOPs a token) and peak memory. Results also go to
-$OUT/gpu_train.json.
+`lmpipe.train.optim`), with the trainer's TF32 settings; the tokens are random (data loading is not
+what is measured). For each micro-batch size: `--warmup` steps (compilation), then `--steps` timed
+steps; prints tokens/s, MFU (llm.c's 6N + 6LCT FLOPs a token) against the GPU's dense bf16 peak
+(`lmpipe.hardware`, or `--peak-flops`), and the steady-state peak memory (the counter is reset
+after the warm-up, so compile-time allocations do not count; the warm-up's peak is reported apart).
 
-    python benchmarks/gpu_train.py --peak-flops 989e12 --micro-batches 16 32 64
-    (H100/H200 SXM bf16 dense: 989e12; A100: 312e12. Goal on one H200: >= 550K tokens/s.)
+Each micro-batch size runs in a process of its own: Dynamo caches compiled graphs per code object,
+so a second size in the same process would be timed on a recompiled, dynamic-shape graph.
+One profiled step after the timed ones names the attention kernels that ran (flash or not).
+
+    python benchmarks/gpu_train.py --micro-batches 16 32 64            # d12 (124M), seq 1024
+    python benchmarks/gpu_train.py --preset d24 --micro-batches 32     # 350M
+    python benchmarks/gpu_train.py --device cpu --preset tiny --seq-len 128 --no-compile \\
+        --dtype float32 --micro-batches 2 4 --warmup 2 --steps 2       # the code path, on a CPU
+
+Results go to `--json PATH` if given, else to $OUT/gpu_train.json when $OUT is set.
+(Goal on one H200: >= 550K tokens/s for d12.)
 """
 
 from __future__ import annotations
@@ -16,15 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 from lmpipe.config import ModelConfig  # noqa: E402
+from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
 from lmpipe.models.gpt2.model import GPT  # noqa: E402
 from lmpipe.registry import AdamWSettings  # noqa: E402
 from lmpipe.train.optim import build_optimizer, clip_grad_norm  # noqa: E402
@@ -38,81 +54,226 @@ PRESETS: dict[str, ModelConfig] = {  # GPT-2's sizes (config/config.yaml names t
     "tiny": ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=128),
     "small": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=256),
 }
+ATTENTION_OP = re.compile(r"attention|flash|fmha|sdpa", re.IGNORECASE)
 
 
-def measure(micro_batch: int, args: argparse.Namespace, device: torch.device) -> dict:
-    T = 1024
+def device_info(device: torch.device) -> dict:
+    """The GPU (or CPU), torch and CUDA versions, and whether flash attention is available: the
+    SDPA switch, and a bf16 (B, nh, T, hs) call with only the flash backend allowed."""
+    info = {
+        "device": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "flash_sdp_enabled": torch.backends.cuda.flash_sdp_enabled(),
+        "mem_efficient_sdp_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
+    }
+    if device.type != "cuda":
+        info["device_name"] = "cpu"
+        return info
+    info["device_name"] = torch.cuda.get_device_name(device)
+    info["capability"] = list(torch.cuda.get_device_capability(device))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(4, 12, 1024, 64, device=device, dtype=torch.bfloat16)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        torch.cuda.synchronize(device)
+        info["flash_probe"] = "ok"
+    except RuntimeError as e:  # "No available kernel" when flash cannot run this input
+        info["flash_probe"] = f"failed: {str(e).splitlines()[0]}"
+    return info
+
+
+def peak_flops_of(device: torch.device, given: float | None) -> float:
+    if given:
+        return given
+    if device.type != "cuda":
+        return CPU_NOMINAL_PEAK
+    name = torch.cuda.get_device_name(device)
+    peak = gpu_peak_flops(name)
+    if peak is None:
+        raise SystemExit(f"no dense bf16 peak known for {name!r}: pass --peak-flops")
+    return peak
+
+
+def attention_ops(step, device: torch.device) -> list[str]:
+    """Names of the attention ops and kernels one profiled step ran (e.g. the flash kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return sorted({e.key for e in prof.key_averages() if ATTENTION_OP.search(e.key)})
+
+
+def measure(
+    preset: str,
+    micro_batch: int,
+    device: torch.device,
+    *,
+    seq_len: int = 1024,
+    warmup: int = 10,
+    steps: int = 20,
+    dtype: str = "bfloat16",
+    compile: bool = True,
+    peak_flops: float | None = None,
+    profile: bool = True,
+) -> dict:
+    """Time `steps` training steps of `preset` at `micro_batch` x `seq_len` after `warmup` ones.
+
+    Call once a process (see the module's docstring); the process group must exist."""
+    T, cuda = seq_len, device.type == "cuda"
+    config = PRESETS[preset]
+    assert T <= config.block_size, f"--seq-len {T} > {preset}'s block_size {config.block_size}"
+    peak = peak_flops_of(device, peak_flops)
+    if cuda:  # as the trainer (lmpipe.train.loop.run)
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(0)
-    model = parallelize(GPT(PRESETS[args.preset]), device, "bfloat16", not args.no_compile)
-    optimizer = build_optimizer(model, AdamWSettings(name="adamw", lr=6e-4, fused=True))
-    x = torch.randint(0, 50257, (micro_batch, T), device=device)
-    y = torch.randint(0, 50257, (micro_batch, T), device=device)
-    torch.cuda.reset_peak_memory_stats()
+    model = parallelize(GPT(config), device, dtype, compile)
+    fused = cuda  # the fused kernel is the GPU's
+    optimizer = build_optimizer(model, AdamWSettings(name="adamw", lr=6e-4, fused=fused))
+    x = torch.randint(0, config.vocab_size, (micro_batch, T), device=device)
+    y = torch.randint(0, config.vocab_size, (micro_batch, T), device=device)
 
-    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def step() -> None:
         _, loss = model(x, y)
         loss.backward()
         clip_grad_norm(model, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
-        step(model, optimizer)
-    torch.cuda.synchronize()
     t0 = time.time()
-    for _ in range(args.steps):
-        step(model, optimizer)
-    torch.cuda.synchronize()  # host sync: wait for the timed steps
-    dt = (time.time() - t0) / args.steps
+    for _ in range(warmup):  # compilation happens here
+        step()
+    sync()
+    warmup_s = time.time() - t0
+    warmup_peak = torch.cuda.max_memory_allocated(device) if cuda else None
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)  # steady state only from here
+    t0 = time.time()
+    for _ in range(steps):
+        step()
+    sync()  # host sync: wait for the timed steps
+    dt = (time.time() - t0) / steps
     tokens_per_s = micro_batch * T / dt
-    mfu = model.flops_per_token(T) * tokens_per_s / args.peak_flops
+    flops_per_token = model.flops_per_token(T)
     result = {
-        "preset": args.preset,
+        "preset": preset,
+        "params": model.num_params(),
         "micro_batch": micro_batch,
         "seq_len": T,
+        "warmup_steps": warmup,
+        "timed_steps": steps,
+        "warmup_s": warmup_s,
         "ms_per_step": dt * 1000,
         "tokens_per_s": tokens_per_s,
-        "mfu": mfu,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "compile": not args.no_compile,
+        "flops_per_token": flops_per_token,
+        "peak_flops": peak,
+        "mfu": flops_per_token * tokens_per_s / peak,
+        "dtype": dtype,
+        "compile": compile,
+        "fused_adamw": fused,
     }
-    del model, optimizer
-    torch.cuda.empty_cache()
+    if cuda:
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        result["warmup_peak_memory_gib"] = warmup_peak / 2**30
+    else:  # the process's peak RSS (Linux: KiB)
+        result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if profile:
+        try:
+            ops = attention_ops(step, device)
+            result["attention_ops"] = ops
+            result["flash_attention_used"] = any("flash" in op.lower() for op in ops)
+        except Exception as e:  # the profiler is a diagnosis, not the measurement
+            result["attention_ops"] = f"profiler failed: {type(e).__name__}: {e}"
     return result
 
 
-def main() -> None:
+def in_subprocess(mb: int, args: argparse.Namespace) -> dict:
+    """One micro-batch size in a fresh process (this script with that size alone)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "result.json"
+        cmd = [sys.executable, __file__, "--micro-batches", str(mb), "--json", str(path)]
+        for key in ("preset", "seq_len", "warmup", "steps", "device", "dtype", "peak_flops"):
+            value = getattr(args, key)
+            if value is not None:
+                cmd += [f"--{key.replace('_', '-')}", str(value)]
+        cmd += ["--no-compile"] if args.no_compile else []
+        cmd += ["--no-profile"] if args.no_profile else []
+        proc = subprocess.run(cmd)
+        if path.exists():
+            return json.loads(path.read_text())["results"][0]
+        return {"micro_batch": mb, "error": f"exited {proc.returncode} without a result"}
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="d12", choices=list(PRESETS))
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--peak-flops", type=float, default=989e12)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--peak-flops", type=float, help="default: the GPU's dense bf16 peak (lmpipe.hardware)"
+    )
     parser.add_argument("--no-compile", action="store_true")
-    args = parser.parse_args()
-    d = init_distributed("cuda")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    results = []
-    try:
-        for mb in args.micro_batches:
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
+    parser.add_argument("--json", type=Path, help="write the results here (default: $OUT)")
+    args = parser.parse_args(argv)
+
+    if len(args.micro_batches) > 1:  # one size a process
+        results = [in_subprocess(mb, args) for mb in args.micro_batches]
+        info = {}
+    else:
+        (mb,) = args.micro_batches
+        d = init_distributed(args.device)
+        try:
+            info = device_info(d.device)
+            print(f"{info['device_name']}, torch {info['torch']}, CUDA {info['cuda']}", flush=True)
             try:
-                r = measure(mb, args, d.device)
+                r = measure(
+                    args.preset, mb, d.device, seq_len=args.seq_len, warmup=args.warmup,
+                    steps=args.steps, dtype=args.dtype, compile=not args.no_compile,
+                    peak_flops=args.peak_flops, profile=not args.no_profile,
+                )  # fmt: skip
+                results = [r | {"device_name": info["device_name"], "device_info": info}]
             except torch.OutOfMemoryError:
-                print(f"micro-batch {mb}: out of memory", flush=True)
-                torch.cuda.empty_cache()
-                continue
-            results.append(r)
-            print(
-                f"micro-batch {mb:3d} x 1024: {r['tokens_per_s']:,.0f} tokens/s,"
-                f" {r['ms_per_step']:.1f} ms/step, MFU {100 * r['mfu']:.1f}%"
-                f" (peak {args.peak_flops:.3g}), peak memory {r['peak_memory_gib']:.1f} GiB",
-                flush=True,
-            )
-    finally:
-        dist.destroy_process_group()
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_train.json").write_text(json.dumps(results, indent=1))
+                results = [{"preset": args.preset, "micro_batch": mb, "error": "out of memory"}]
+        finally:
+            dist.destroy_process_group()
+    for r in results:
+        if "error" in r:
+            print(f"micro-batch {r['micro_batch']:3d}: {r['error']}", flush=True)
+            continue
+        memory = r.get("peak_memory_gib", r.get("peak_rss_gib"))
+        print(
+            f"{r['preset']} micro-batch {r['micro_batch']:3d} x {r['seq_len']}:"
+            f" {r['tokens_per_s']:,.0f} tokens/s, {r['ms_per_step']:.1f} ms/step,"
+            f" MFU {100 * r['mfu']:.1f}% (peak {r['peak_flops']:.3g}),"
+            f" peak memory {memory:.2f} GiB, flash: {r.get('flash_attention_used')}",
+            flush=True,
+        )
+    out = args.json or (
+        Path(os.environ["OUT"], "gpu_train.json") if os.environ.get("OUT") else None
+    )
+    if out is not None:
+        out.write_text(json.dumps({"info": info, "results": results}, indent=1))
+    return 0 if all("error" not in r for r in results) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -175,7 +175,7 @@ SELECTORS = {"kind"}
 def schema_defaults(props: dict, prefix: str = "") -> dict[str, object]:
     out = {}
     for name, prop in props.items():
-        if "default" in prop and prop["default"] != {}:
+        if "default" in prop and prop["default"] not in ({}, None):
             out[prefix + name] = prop["default"]
         if "properties" in prop:
             out |= schema_defaults(prop["properties"], f"{prefix}{name}.")

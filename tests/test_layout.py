@@ -11,7 +11,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "workflow" / "lmpipe"
 # the ground: every stage may use these, and they use nothing above them
-GROUND = {"config", "paths", "provenance", "files", "registry", "schema"}
+GROUND = {"config", "paths", "provenance", "files", "registry", "schema", "hardware", "plan"}
 # what each stage may import besides the ground: the stages whose work it consumes
 MAY_IMPORT = {
     "data": {"data"},

@@ -96,6 +96,28 @@ def test_padded_vocab_is_never_predicted():
     assert model.lm_head.weight.grad[TINY.vocab_size :].abs().sum() == 0
 
 
+def test_padded_head_matmul_gives_the_same_loss_and_gradients():
+    """The GPU's aligned head (the whole padded weight, padded logits dropped inside the loss)
+    changes no number: same loss, same gradients, no gradient into the padding rows."""
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    idx = torch.randint(0, TINY.vocab_size, (2, 24))
+    targets = torch.randint(0, TINY.vocab_size, (2, 24))
+    targets[0, :5] = -1
+    results = []
+    for padded in (False, True):
+        model.zero_grad()
+        model.padded_head_matmul = padded
+        _, loss = model(idx, targets)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (sliced, sliced_grads), (padded, padded_grads) = results
+    torch.testing.assert_close(padded, sliced, rtol=1e-6, atol=1e-6)
+    for a, b in zip(padded_grads, sliced_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert model.lm_head.weight.grad[TINY.vocab_size :].abs().sum() == 0
+
+
 def test_head_on_counted_only_gives_the_same_loss_and_gradients():
     """Fine-tuning's shortcut (the head on positions whose target is not -1) changes no number."""
     torch.manual_seed(0)
@@ -141,3 +163,14 @@ def test_d12_is_gpt2_124m():
     # 124,475,904 with the padded vocab (llm.c); 124,439,808 with 50257 (OpenAI's count)
     assert model.num_params() == 124_475_904
     assert model.flops_per_token(1024) == 6 * 124_475_904 + 6 * 12 * 768 * 1024
+
+
+@pytest.mark.parametrize("name", ["tiny", "d12", "d24", "d36"])
+def test_the_registry_counts_parameters_as_the_model_does(name):
+    """The plan's FLOPs and bytes come from this count, made without torch."""
+    from lmpipe.registry import ARCHITECTURES
+
+    config = GPTConfig(**yaml.safe_load(CONFIG_FILE.read_text())["models"][name])
+    with torch.device("meta"):
+        model = GPT(config)
+    assert ARCHITECTURES["gpt2"].num_params(config) == model.num_params()

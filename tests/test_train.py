@@ -294,3 +294,63 @@ def test_nan_loss_stops_with_a_clear_error(manifest, tmp_path):
     assert (out / "checkpoints" / "step_000001").is_dir()  # kept
     assert not (out / "checkpoints" / "step_000002").exists()
     assert not (out / "final").exists()
+
+
+# ---- MFU's peak and the compile pre-flight -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),  # SXM
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("a100", 312e12),  # a SLURM GRES type
+        ("NVIDIA A10G", 70e12),
+        ("NVIDIA A10", 125e12),
+        ("Some Future GPU", None),
+    ],
+)
+def test_gpu_peaks_by_name(name, peak):
+    from lmpipe.hardware import gpu_peak_flops
+
+    assert gpu_peak_flops(name) == peak
+
+
+def job_of(cfg: dict):
+    from lmpipe.config import TrainJob
+
+    return TrainJob.from_json(json.dumps(cfg))
+
+
+def test_mfu_peak_is_the_gpu_found_unless_set(monkeypatch):
+    from lmpipe.train.loop import peak_flops
+
+    cpu = config(1)
+    assert peak_flops(job_of(cpu), torch.device("cpu")) == 1e12  # nominal
+    cuda = config(1)
+    cuda["launch"] |= {"device": "cuda", "peak_flops": None}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert peak_flops(job_of(cuda), torch.device("cuda", 0)) == 989e12  # not the A100's 312e12
+    cuda["launch"]["peak_flops"] = 5e14  # the setting overrides
+    assert peak_flops(job_of(cuda), torch.device("cuda", 0)) == 5e14
+    cuda["launch"]["peak_flops"] = None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Mystery X1")
+    with pytest.raises(ValueError, match="launch.peak_flops: no known peak for GPU 'Mystery X1'"):
+        peak_flops(job_of(cuda), torch.device("cuda", 0))
+
+
+def test_compile_on_a_gpu_without_a_c_compiler_stops_before_training(monkeypatch, tmp_path):
+    from lmpipe.train.loop import check_compiler
+
+    cfg = config(1, compile=True)
+    cfg["launch"]["device"] = "cuda"
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no cc, gcc or clang
+    with pytest.raises(RuntimeError, match="no C compiler is on PATH"):
+        check_compiler(job_of(cfg))
+    check_compiler(job_of(config(1, compile=True)))  # the CPU: no Triton, nothing to check
+    (tmp_path / "gcc").write_text("#!/bin/sh\n")
+    (tmp_path / "gcc").chmod(0o755)
+    check_compiler(job_of(cfg))  # one compiler is enough

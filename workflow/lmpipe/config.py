@@ -110,6 +110,16 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True)
+class FSDPConfig:
+    """How FSDP2 shards the model (lmpipe.train.parallel); docs/fsdp.md argues the defaults from
+    the memory of the 124M and 350M runs on 8 GPUs."""
+
+    reshard_after_forward: bool = False  # keep a block's gathered params for its backward
+    prefetch_blocks: int = 1  # all-gather this many blocks ahead (forward and backward)
+    reduce_dtype: str = "float32"  # gradients are reduce-scattered in this dtype
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     seq_len: int
     micro_batch: int
@@ -125,6 +135,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     dtype: str = "float32"
     compile: bool = False
+    fsdp: FSDPConfig = FSDPConfig()
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-steps an optimizer step: batch_tokens / (seq_len * micro_batch * world_size)."""
@@ -149,7 +160,7 @@ class LaunchConfig:
     runtime: int = 60
     signal_seconds: int = 300
     gpu_model: str | None = None
-    peak_flops: float = 1e12
+    peak_flops: float | None = None  # None: the GPU's found (lmpipe.hardware), nominal on CPUs
 
     @property
     def world_size(self) -> int:
@@ -164,7 +175,7 @@ class Placement:
     device: str
     nodes: int
     procs_per_node: int
-    peak_flops: float
+    peak_flops: float | None
 
     @property
     def world_size(self) -> int:
@@ -192,6 +203,7 @@ class SFTConfig:
 class RunConfig:
     name: str
     dataset: str
+    model_name: str  # its entry in `models:` (d12, ...)
     model: ModelConfig
     train: TrainConfig
     launch: LaunchConfig
@@ -312,6 +324,7 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
     return RunConfig(
         name=run,
         dataset=r["dataset"],
+        model_name=r["model"],
         model=build(ModelConfig, config["models"][r["model"]], f"models.{r['model']}"),
         train=train_config(r["train"], f"{where}.train"),
         launch=build(LaunchConfig, r["launch"], f"{where}.launch"),

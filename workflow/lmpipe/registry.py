@@ -47,13 +47,27 @@ class Architecture:
     # it, `write_llmc`
     module: str
     description: str
+    # parameters of a model of this shape, without building it (the plan's FLOPs and bytes;
+    # tests/test_model.py checks it against the model's own count)
+    num_params: Callable[[Any], int]
+
+
+def gpt2_params(m: Any) -> int:
+    """GPT-2's parameters: token (padded vocab) and position embeddings, L blocks of
+    12C^2 + 13C (attention and MLP weights, biases, two LayerNorms), the final LayerNorm; the
+    head is tied to the token embedding."""
+    C = m.n_embd
+    return m.padded_vocab_size * C + m.block_size * C + m.n_layer * (12 * C * C + 13 * C) + 2 * C
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
         Architecture(
-            "gpt2", "lmpipe.models.gpt2", "OpenAI's GPT-2 as llm.c trains it (learned positions)"
+            "gpt2",
+            "lmpipe.models.gpt2",
+            "OpenAI's GPT-2 as llm.c trains it (learned positions)",
+            gpt2_params,
         ),
     )
 }

@@ -16,6 +16,7 @@ shell.prefix(
 )
 
 from lmpipe import config as lmconfig
+from lmpipe import plan as lmplan
 from lmpipe import schema as lmschema
 from lmpipe.registry import EVALUATIONS
 
@@ -77,6 +78,16 @@ def get_train_inputs(wildcards):
 
 def get_init_arg(wildcards, input):
     return f"--init {shlex.quote(input.init)}" if "init" in input.keys() else ""
+
+
+# SLURM resources of tokenize, convert and evaluate: derived by lmpipe.plan from the run (one GPU
+# of its kind for a GPU run's convert and evaluate) and from measured throughputs (the time limit:
+# twice the estimate plus 10 minutes); `python -m lmpipe.plan` prints them
+
+
+def get_derived(wildcards, rule, key):
+    name = wildcards.get("dataset") or wildcards.run
+    return lmplan.job_resources(config, rule, name, wildcards.get("eval", ""))[key]
 
 
 # SLURM resources of the train rule, from a run's launch settings

@@ -13,6 +13,13 @@ rule convert:
         LAYOUT.benchmark("convert", "{run}")
     conda:
         "../../envs/convert.yaml"
+    # a GPU run's: one GPU of its kind and its share of a node (lmpipe.plan)
+    threads: lambda wc: get_derived(wc, "convert", "cpus")
+    resources:
+        gres=lambda wc: get_derived(wc, "convert", "gres"),
+        tasks_per_gpu=0,  # else the plugin turns tasks into --ntasks-per-gpu
+        mem_mb=lambda wc: get_derived(wc, "convert", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "convert", "runtime"),
     params:
         tokenizer=config["tokenizer"],
     shell:

@@ -46,7 +46,11 @@ rule tokenize:
         LAYOUT.benchmark("tokenize", "{dataset}")
     conda:
         "../../envs/data.yaml"
-    threads: 16  # scaled down to --cores when run locally
+    # a node's CPUs (scaled down to --cores when run locally), memory and time (lmpipe.plan)
+    threads: lambda wc: get_derived(wc, "tokenize", "cpus")
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "tokenize", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "tokenize", "runtime"),
     params:
         cfg=lambda wc: lmconfig.tokenize_params(config, wc.dataset),
         out=lambda wc: LAYOUT.tokens_dir(wc.dataset),

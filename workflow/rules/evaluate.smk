@@ -15,7 +15,14 @@ rule evaluate:
         LAYOUT.benchmark("evaluate", "{run}/{eval}")
     conda:
         "../../envs/evaluate.yaml"
-    threads: 2
+    # a GPU run's: one GPU of its kind and its share of a node; a time limit from the
+    # evaluation's estimate (lmpipe.plan)
+    threads: lambda wc: get_derived(wc, "evaluate", "cpus")
+    resources:
+        gres=lambda wc: get_derived(wc, "evaluate", "gres"),
+        tasks_per_gpu=0,  # else the plugin turns tasks into --ntasks-per-gpu
+        mem_mb=lambda wc: get_derived(wc, "evaluate", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "evaluate", "runtime"),
     params:
         cfg=lambda wc: lmconfig.eval_params(config, wc.run, wc.eval),
         inputs=get_eval_input_args,

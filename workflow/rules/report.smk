@@ -17,8 +17,10 @@ rule report:
         "../../envs/report.yaml"
     params:
         cfg=lambda wc: lmconfig.report_params(config, wc.report),
+        plan=lambda wc: lmplan.report_plan(config, wc.report),
         results=lambda wc, output: os.path.dirname(output[0]) or ".",
         data=LAYOUT.data,
     shell:
-        "python -m lmpipe.report --config-json {params.cfg:q} --results {params.results:q}"
+        "python -m lmpipe.report --config-json {params.cfg:q} --plan-json {params.plan:q}"
+        " --results {params.results:q}"
         " --data {params.data:q} --out {output:q} > {log} 2>&1"

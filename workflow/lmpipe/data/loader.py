@@ -12,11 +12,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from lmpipe.data.shards import read_shard
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), (B, T) each; target -1: not counted
+
+
+class Loader(Protocol):
+    """What the trainer reads batches from: ShardLoader, ConversationLoader, Prefetcher."""
+
+    micro: int  # micro-batches taken in the current step: 0 at a step boundary
+
+    def next_batch(self) -> Batch: ...
+    def state_dict(self) -> dict[str, Any]: ...  # the position, only valid between steps
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def shard_files(manifest: str | Path, split: str) -> list[Path]:
@@ -71,9 +84,9 @@ class ShardLoader:
             self.micro = 0
             self.pos += self.batch_tokens
             if self.pos + self.batch_tokens + 1 > len(self._tokens):
-                self.shard = (self.shard + 1) % len(self.files)
-                self.pos = 0
-                self._tokens = self._load(self.shard)
+                shard = (self.shard + 1) % len(self.files)
+                self._tokens = self._load(shard)  # first: a bad shard leaves the state as it was
+                self.shard, self.pos = shard, 0
         return x, y
 
     def state_dict(self) -> dict[str, int]:

@@ -151,8 +151,21 @@ def fmt_metric(x: float | None, fmt: str) -> str:
 # the page
 
 
-def build_report(params: dict[str, Any], layout: Layout) -> str:
-    """The HTML of the report described by `params` (report_params JSON), from `layout`'s files."""
+def plan_rows(runs: list[Run], headlines: list[dict[str, Any]], plan: dict[str, Any]):
+    """Each run's estimate (lmpipe.plan) beside what it measured."""
+    rows = []
+    for run, h in zip(runs, headlines, strict=True):
+        estimate = plan.get(run.name)
+        if estimate is None:
+            continue
+        measured = {k: h[k] for k in ("wall_s", "gpu_hours", "cost", "status")}
+        rows.append({"name": run.name, "plan": estimate} | measured)
+    return rows
+
+
+def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
+    """The HTML of the report described by `params` (report_params JSON), from `layout`'s files,
+    with `plan` (lmpipe.plan.report_plan) beside the measured figures."""
     for key in ("report", "runs"):
         if key not in params:
             raise ValueError(f"--config-json: missing key {key!r} (expected report_params JSON)")
@@ -184,13 +197,15 @@ def build_report(params: dict[str, Any], layout: Layout) -> str:
     kinds = {}
     for r in runs:
         kinds.setdefault(r.kind, []).append(r.name)
+    headlines = [headline(r, price) for r in runs]
     return env.get_template("report.html.j2").render(
         report=params["report"],
         generated=datetime.now(UTC).isoformat(timespec="seconds"),
         gpu_hour_price=price,
         runs=runs,
         columns=headline_columns(runs),
-        headlines=[headline(r, price) for r in runs],
+        headlines=headlines,
+        plan=plan_rows(runs, headlines, plan or {}),
         references=REFERENCES,
         settings=settings,
         differing=[row["key"] for row in settings if row["differs"]],
@@ -202,17 +217,21 @@ def build_report(params: dict[str, Any], layout: Layout) -> str:
     )
 
 
-def write_report(params: dict[str, Any], layout: Layout, out: str | Path) -> None:
+def write_report(
+    params: dict[str, Any], layout: Layout, out: str | Path, plan: dict[str, Any] | None = None
+) -> None:
     out = Path(out)
-    write_text_atomic(out, build_report(params, layout))  # never a half-written report
+    write_text_atomic(out, build_report(params, layout, plan))  # never a half-written report
     print(f"report: {out.resolve()}")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--config-json", required=True, help="report_params JSON (what the rule passes)")
+    p.add_argument("--plan-json", help="lmpipe.plan.report_plan JSON: estimates beside the runs")
     p.add_argument("--results", default="results", help="results folder")
     p.add_argument("--data", default="results/data", help="tokenized data folder")
     p.add_argument("--out", required=True, help="the HTML file to write")
     args = p.parse_args(argv)
-    write_report(json.loads(args.config_json), Layout(args.results, args.data), args.out)
+    plan = json.loads(args.plan_json) if args.plan_json else None
+    write_report(json.loads(args.config_json), Layout(args.results, args.data), args.out, plan)

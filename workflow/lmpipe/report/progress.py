@@ -15,18 +15,22 @@ import json
 from typing import Any
 
 from lmpipe import config as lmconfig
+from lmpipe import plan as lmplan
 from lmpipe import schema
 from lmpipe.paths import Layout
 from lmpipe.report.page import write_report
 
 
-def params_from_config(config_path: str, report: str) -> tuple[dict[str, Any], Layout]:
-    """report_params and the layout of report `report` of a config file."""
+def params_from_config(
+    config_path: str, report: str
+) -> tuple[dict[str, Any], Layout, dict[str, Any]]:
+    """report_params, the layout and the plan of report `report` of a config file."""
     config = schema.load_config(config_path)
     if report not in config["reports"]:
         known = ", ".join(config["reports"])
         raise ValueError(f"{config_path}: no report {report!r} (reports: {known})")
-    return json.loads(lmconfig.report_params(config, report)), lmconfig.layout(config)
+    params = json.loads(lmconfig.report_params(config, report))
+    return params, lmconfig.layout(config), json.loads(lmplan.report_plan(config, report))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,9 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", help="tokenized data folder (default: the config's)")
     p.add_argument("--out", required=True, help="the HTML file to write")
     args = p.parse_args(argv)
-    params, layout = params_from_config(args.config, args.report)
+    params, layout, plan = params_from_config(args.config, args.report)
     layout = Layout(results=args.results or layout.results, data=args.data or layout.data)
-    write_report(params, layout, args.out)
+    write_report(params, layout, args.out, plan)
 
 
 if __name__ == "__main__":

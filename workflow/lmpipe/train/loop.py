@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -26,13 +27,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from lmpipe import provenance
 from lmpipe.config import TrainConfig, TrainJob, settings_hash
+from lmpipe.data.loader import Batch, Loader
+from lmpipe.data.prefetch import Prefetcher
+from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops
 from lmpipe.models import build_model
 from lmpipe.train.checkpoint import Checkpointer, save_final
 from lmpipe.train.metrics import Metrics
@@ -44,17 +48,6 @@ log = logging.getLogger("lmpipe.train")
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retry resumes
 # train settings that never change the trajectory (logging and checkpointing only)
 NOT_TRAJECTORY = ("val_every", "val_tokens", "checkpoint_every", "keep_checkpoints")
-
-Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), (B, T) each; target -1: not counted
-
-
-class Loader(Protocol):
-    """Batches for one rank, with a position saved and restored at step boundaries."""
-
-    def next_batch(self) -> Batch: ...
-    def state_dict(self) -> dict[str, int]: ...
-    def load_state_dict(self, state: dict[str, int]) -> None: ...
-
 
 @dataclass
 class Task:
@@ -101,6 +94,38 @@ def trajectory_hash(job: TrainJob, task: Task, world_size: int) -> str:
     )
 
 
+def peak_flops(job: TrainJob, device: torch.device) -> float:
+    """A device's peak FLOP/s for MFU: `launch.peak_flops` if set, else the GPU found (dense
+    bf16, lmpipe.hardware), else a nominal 1e12 on the CPU."""
+    if job.launch.peak_flops is not None:
+        return job.launch.peak_flops
+    if device.type != "cuda":
+        return CPU_NOMINAL_PEAK
+    name = torch.cuda.get_device_name(device)
+    peak = gpu_peak_flops(name)
+    if peak is None:
+        raise ValueError(
+            f"runs.{job.run}.launch.peak_flops: no known peak for GPU {name!r}; set the dense"
+            " bf16 FLOP/s of one device (lmpipe/hardware.py lists the known ones)"
+        )
+    return peak
+
+
+def check_compiler(job: TrainJob) -> None:
+    """torch.compile on a GPU builds Triton kernels, and Triton compiles a small launcher with
+    the host C compiler the first time: without one the run would fail at step 1, after the
+    model and data are loaded. Fail now, saying what to do."""
+    if not job.train.compile or job.launch.device != "cuda":
+        return
+    candidates = [os.environ.get("CC"), "cc", "gcc", "clang"]
+    if not any(c and shutil.which(c) for c in candidates):
+        raise RuntimeError(
+            f"runs.{job.run}.train.compile is true, but no C compiler is on PATH (CC, cc, gcc,"
+            " clang): Triton needs one to build its kernels' launcher. Load one (e.g. `module"
+            " load gcc`, or envs/train.yaml's gcc under --use-conda) or set compile: false."
+        )
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: list[Batch], device: torch.device) -> float:
     """Mean validation loss over this rank's batches, averaged over ranks."""
@@ -113,7 +138,7 @@ def evaluate(model: torch.nn.Module, batches: list[Batch], device: torch.device)
 
 
 def write_provenance(
-    job: TrainJob, model: torch.nn.Module, d: Dist, digest: str, out: Path
+    job: TrainJob, model: torch.nn.Module, d: Dist, digest: str, peak: float, out: Path
 ) -> None:
     """provenance.json: code, packages, hosts and how the parameters are spread over the ranks."""
     hosts, held = [None] * d.world_size, [None] * d.world_size
@@ -132,6 +157,7 @@ def write_provenance(
             "slurm_nodes": slurm_nodes,
             "params": model.num_params(),
             "params_per_rank": held,
+            "peak_flops": peak,  # a device's, for the MFU figures
         }
         (out / "provenance.json").write_text(json.dumps(prov, indent=1))
 
@@ -141,8 +167,10 @@ def run(
 ) -> int:
     """Run (or resume) the training of one run; returns the process exit code."""
     tc = task.train
+    check_compiler(job)
     accum = tc.grad_accum_steps(d.world_size)
     digest = trajectory_hash(job, task, d.world_size)
+    peak = peak_flops(job, d.device)
     if d.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
         torch.backends.cudnn.allow_tf32 = True
@@ -151,14 +179,17 @@ def run(
     torch.manual_seed(tc.seed)
     model = build_model(job.model)
     model.head_on_counted_only = task.sparse_targets
+    model.padded_head_matmul = d.device.type == "cuda"  # aligned GEMM shapes (llm.c's padding)
     if task.init is not None:  # e.g. fine-tuning: another base's checkpoints are never resumed
         digest = settings_hash([digest, task.init(model)])
-    model = parallelize(model, d.device, tc.dtype, tc.compile)
+    model = parallelize(model, d.device, tc.dtype, tc.compile, tc.fsdp)
     flops_per_token = model.flops_per_token(tc.seq_len)
     head_flops_per_token = model.head_flops_per_token()
     optimizer = build_optimizer(model, tc.optimizer)
     peak_lrs = [group["lr"] for group in optimizer.param_groups]
-    loader = task.loader
+    # batches are read ahead on a thread (pinned for the GPU: asynchronous copies); its
+    # position stays the loop's own, so checkpoints resume exactly
+    loader = Prefetcher(task.loader, pin=d.device.type == "cuda")
 
     # resume from the newest checkpoint of these settings, if any
     ckpt = Checkpointer(out / "checkpoints", digest, tc.checkpoint_every, tc.keep_checkpoints)
@@ -172,12 +203,13 @@ def run(
         step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
         log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
     metrics = Metrics(out, step, d.is_main)
-    write_provenance(job, model, d, digest, out)
+    write_provenance(job, model, d, digest, peak, out)
     if d.is_main:
         log.info(
-            "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step",
+            "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step;"
+            " MFU against %.3g FLOP/s a device",
             job.run, model.num_params(), d.world_size, accum, tc.micro_batch, tc.seq_len,
-            tc.batch_tokens,
+            tc.batch_tokens, peak,
         )  # fmt: skip
 
     t_start = time.time()
@@ -215,11 +247,14 @@ def run(
         step += 1
         tokens += tc.batch_tokens
         # one all-reduce: the step's loss and counted tokens summed over ranks, and whether any
-        # rank got a signal
-        signalled = torch.tensor(float(stop.signal is not None), device=d.device)
+        # rank got a signal (torch.full: a fill kernel, not a blocking copy from the host)
+        signalled = torch.full((), float(stop.signal is not None), device=d.device)
         flags = torch.stack([loss_accum, signalled, counted])
         dist.all_reduce(flags)
-        loss_value, stop_requested, counted_tokens = flags.tolist()  # host sync: the step is done
+        # the step's one host sync: every figure the step logs, in one copy (as llm.c)
+        loss_value, stop_requested, counted_tokens, norm = torch.cat(
+            [flags, grad_norm.reshape(1).to(flags.dtype)]
+        ).tolist()
         loss_value /= d.world_size
         dt = time.time() - t0
         if not math.isfinite(loss_value):
@@ -232,14 +267,14 @@ def run(
         step_flops = flops_per_token * tc.batch_tokens  # llm.c's formula
         if task.sparse_targets:  # the head ran on the counted tokens only
             step_flops -= head_flops_per_token * (tc.batch_tokens - counted_tokens)
-        mfu = step_flops / dt / (job.launch.peak_flops * d.world_size)
+        mfu = step_flops / dt / (peak * d.world_size)
         metrics.write(
             {
                 "step": step,
                 "tokens": tokens,
                 "loss": loss_value,
                 "lr": lr,
-                "grad_norm": grad_norm.item(),
+                "grad_norm": norm,
                 "tokens_per_s": tokens_per_s,
                 "mfu": mfu,
                 "wall_s": wall_s(),
@@ -248,7 +283,7 @@ def run(
         if d.is_main:  # llm.c's step line
             print(
                 f"step {step:5d}/{tc.max_steps} | loss {loss_value:.6f} | lr {lr:.2e}"
-                f" | norm {grad_norm.item():.4f} | {dt * 1000:.1f} ms | {100 * mfu:.1f}% MFU"
+                f" | norm {norm:.4f} | {dt * 1000:.1f} ms | {100 * mfu:.1f}% MFU"
                 f" | {tokens_per_s:,.0f} tok/s",
                 flush=True,
             )
@@ -265,6 +300,7 @@ def run(
             # Python resets its handlers to the default while finalizing, not ignored signals
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
             metrics.close()
+            loader.close()
             return EXIT_STOPPED
 
     wall = wall_s()
@@ -280,6 +316,7 @@ def run(
         "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
         **task.meta,
     }
+    loader.close()
     save_final(out / "final", model, meta)
     log.info("wrote %s after %d steps, %.1f s", out / "final", step, wall)
     metrics.close()

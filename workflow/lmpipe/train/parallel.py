@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from lmpipe.config import FSDPConfig
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -70,28 +72,46 @@ def init_distributed(device_type: str) -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
-def mixed_precision(device_type: str, dtype: str) -> MixedPrecisionPolicy:
-    """bf16 parameters and activations with fp32 gradient reduction on GPUs; fp32 on the CPU."""
+def mixed_precision(device_type: str, dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
+    """bf16 parameters and activations with `reduce_dtype` gradient reduction on GPUs; fp32 on
+    the CPU."""
     if device_type == "cuda" and dtype == "bfloat16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype)
+        )
     return MixedPrecisionPolicy()  # everything in the parameters' dtype (fp32)
 
 
 def parallelize(
-    model: torch.nn.Module, device: torch.device, dtype: str, compile: bool
+    model: torch.nn.Module,
+    device: torch.device,
+    dtype: str,
+    compile: bool,
+    fsdp: FSDPConfig | None = None,
 ) -> torch.nn.Module:
     """Compile each block (optional), then shard blocks and root over all ranks.
 
     Per-block `Module.compile()` keeps parameter names unprefixed (no `_orig_mod.`), so state
-    dicts and checkpoints read the same with or without compile.
+    dicts and checkpoints read the same with or without compile. With `prefetch_blocks` k, each
+    block starts the all-gather of the k blocks after it in forward (before it in backward), so
+    the communication overlaps the current block's compute.
     """
+    fsdp = fsdp or FSDPConfig()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp = mixed_precision(device.type, dtype)
-    for block in model.blocks():
+    mp = mixed_precision(device.type, dtype, fsdp.reduce_dtype)
+    blocks = model.blocks()
+    for block in blocks:
         if compile:
             block.compile()
-        fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp, reshard_after_forward=fsdp.reshard_after_forward
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp)  # moves the parameters to `device`
+    k = fsdp.prefetch_blocks
+    if k > 0:
+        for i, block in enumerate(blocks):
+            block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + k])
+            block.set_modules_to_backward_prefetch(blocks[max(0, i - k) : i][::-1])
     if compile:
         model.compile_loss()  # the LM head + loss: the biggest op of a small model
     return model

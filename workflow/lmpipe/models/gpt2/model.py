@@ -24,10 +24,17 @@ from lmpipe.config import ModelConfig
 GPTConfig = ModelConfig
 
 
-def lm_head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the LM head's fp32 logits x @ weight.T; targets of -1 are ignored."""
-    logits = F.linear(x, weight).float()  # (B, T, V); fp32 for a stable softmax
-    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+def lm_head_loss(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    """Mean cross-entropy of the LM head's fp32 logits x @ weight.T over the first `vocab_size`
+    columns; targets of -1 are ignored. `weight` may hold padding rows beyond `vocab_size`
+    (their logits are dropped here, inside the compiled function, before the softmax)."""
+    logits = F.linear(x, weight)  # (B, T, Vp)
+    if logits.size(-1) != vocab_size:
+        logits = logits[..., :vocab_size]
+    logits = logits.float()  # fp32 for a stable softmax
+    return F.cross_entropy(logits.reshape(-1, vocab_size), targets.reshape(-1), ignore_index=-1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -95,6 +102,10 @@ class GPT(nn.Module):
         # counted positions only. Same mean loss; off for pretraining, where every token counts
         # and a data-dependent shape would only cost a host sync on a GPU.
         self.head_on_counted_only = False
+        # The trainer sets this on a GPU: the training loss multiplies by the whole padded weight
+        # (50304 rows, a multiple of 128: aligned GEMM tiles, as llm.c pads for) and drops the
+        # padded logits inside the loss. On the CPU the real 50257 rows are cheaper.
+        self.padded_head_matmul = False
         self.init_weights()
 
     @torch.no_grad()
@@ -153,11 +164,14 @@ class GPT(nn.Module):
         x = self.hidden_states(idx)  # (B, T, C)
         if targets is None:
             return self.head(x), None  # (B, T, V)
-        weight = self.lm_head.weight[: self.config.vocab_size]
+        weight = self.lm_head.weight
+        if not self.padded_head_matmul:
+            weight = weight[: self.config.vocab_size]
         if self.head_on_counted_only:
             counted = targets != -1
-            x, targets = x[counted], targets[counted]  # (N, C), (N,)
-        return None, self.loss_fn(x, weight, targets)  # training: logits never leave the loss
+            x, targets = x[counted], targets[counted]  # (N, C), (N,): a host sync (the shape)
+        # training: the logits never leave the loss
+        return None, self.loss_fn(x, weight, targets, self.config.vocab_size)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits over the real vocabulary for hidden states h (..., C) -> (..., V).

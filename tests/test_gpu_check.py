@@ -1,0 +1,116 @@
+"""benchmarks/gpu_check.py --smoke: every part of the one-call GPU check, tiny, on the CPU.
+
+GPU time is scarce and the check must work the first time it meets a GPU, so each of its parts
+(tokenizing, the launcher's runs, the kill and resume, the conversion, gpu_train.py, the real
+run and its loss curve) runs here at tiny sizes through the same code, and its JSON is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+PARTS = [
+    "env",
+    "data",
+    "correctness.first_step",
+    "correctness.resume",
+    "correctness.convert",
+    "speed.tiny_mb2",
+    "speed.tiny_mb4",
+    "real_run",
+    "speed.other_recipe",
+]
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_runs_every_part(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "workflow"), PYTHONUNBUFFERED="1")
+    env.pop("OUT", None)
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    report = json.loads((out / "gpu_check.json").read_text())
+    parts = report["parts"]
+    failed = {
+        name: (p["status"], p.get("error"), p.get("traceback", "")[-1500:])
+        for name, p in parts.items()
+        if p["status"] != "ok" and name != "speed.other_recipe"
+    }
+    assert not failed, f"{failed}\n{proc.stdout[-3000:]}"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(parts) == PARTS
+    assert parts["speed.other_recipe"] == parts["speed.other_recipe"] | {
+        "status": "skipped",
+        "reason": "no other recipe",
+    }
+    assert report["mode"] == "smoke" and report["finished_utc"]
+
+    # the comparisons are exact on one device
+    first = parts["correctness.first_step"]["result"]
+    assert first["train_loss_step1"]["rel_diff"] <= 1e-6
+    assert first["val_loss_step0"]["rel_diff"] <= 1e-6
+    resume = parts["correctness.resume"]["result"]
+    assert resume["resumed_log_line"] and resume["resumed_vs_uninterrupted"]["bitwise"]
+    convert = parts["correctness.convert"]["result"]
+    assert convert["native_bitwise"] and not convert["llmc_unequal"]
+    assert convert["hf_vs_checkpoint_max_abs_diff"] < 1e-4
+
+    # one measurement a micro-batch size, each in its own process, with the kernels it ran
+    for name in ("speed.tiny_mb2", "speed.tiny_mb4"):
+        r = parts[name]["result"]
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] <= 1
+        assert isinstance(r["attention_ops"], list) and r["attention_ops"]
+    speed = report["summary"]["speed"]
+    assert [s["part"] for s in speed] == ["speed.tiny_mb2", "speed.tiny_mb4"]
+
+    real = parts["real_run"]["result"]
+    assert real["steps_done"] == 10 and real["final_written"]
+    assert real["last_loss"] < real["first_loss"]
+    assert len(real["loss_curve"]) == 10
+    csv = (out / "loss_curve.csv").read_text().splitlines()
+    assert csv[0].startswith("step,tokens,loss,val_loss") and len(csv) == 1 + 10 + 3
+    # what comes back from the device: a few files, none large
+    files = sorted(p.name for p in out.iterdir())
+    assert set(files) <= {"gpu_check.json", "gpu_check.log", "loss_curve.csv", "loss_curve.png"}
+    assert all((out / f).stat().st_size < 16 * 2**20 for f in files)
+    assert "correctness.resume: ok" in (out / "gpu_check.log").read_text()
+
+
+def test_deadline_skips_parts_cleanly(tmp_path):
+    """A deadline already passed: every part is skipped, the JSON still written, exit 0."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "workflow"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/gpu_check.py",
+            "--smoke",
+            "--deadline",
+            "0",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    parts = json.loads((out / "gpu_check.json").read_text())["parts"]
+    assert list(parts) == PARTS
+    assert all(p["status"] == "skipped" for p in parts.values())
+    assert "would exceed --deadline" in parts["env"]["reason"]

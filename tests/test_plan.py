@@ -1,0 +1,98 @@
+"""The plan of a target (lmpipe.plan): every job of the 124M and 350M reports can finish; a job
+that cannot is flagged; the rules ask for the resources the plan prints."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from conftest import CONFIG_FILE, make_workdir, snakemake
+from lmpipe import plan, schema
+
+# OpenAI's GPT-2 124M / 350M with the vocabulary padded to 50304 (llm.c's count), by hand
+PARAMS = {"124m": 124_475_904, "350m": 354_871_296}
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return schema.load_config(CONFIG_FILE)
+
+
+def jobs_of(config: dict, report: str, gpu: str | None = None) -> dict[str, plan.Job]:
+    return {f"{j.rule} {j.name}".strip(): j for j in plan.plan_report(config, report, gpu)}
+
+
+@pytest.mark.parametrize("report", ["124m", "350m"])
+def test_every_job_of_the_gpt2_reports_can_finish(config, report):
+    jobs = jobs_of(config, report)
+    assert [name for name, j in jobs.items() if j.problems] == []
+    assert {"tokenize", "train", "convert", "evaluate", "report"} <= {j.rule for j in jobs.values()}
+    train = jobs[f"train {report}"]
+    assert train.gpus == 8 and train.jobs_in_a_row <= plan.retries() + 1
+    assert train.gpu_mem_gb < 80  # an A100 80GB's; the 124M issue's estimate was ~34 GB
+    for name, job in jobs.items():
+        if job.rule in ("convert", "evaluate"):  # a GPU run's: one GPU, its share of the node
+            assert (job.gpus, job.cpus, job.mem_mb) == (1, 8, 60_000), name
+        if job.limit_min is not None:
+            assert job.estimate_s < job.limit_min * 60, name
+
+
+def test_the_train_estimate_is_the_flops_over_the_assumed_rate(config):
+    """124M on 8 A100s at the assumed 40% MFU: 10B tokens x (6N + 6LCT) FLOPs."""
+    job = jobs_of(config, "124m")["train 124m"]
+    flops = 6 * PARAMS["124m"] + 6 * 12 * 768 * 1024
+    compute = 19073 * 524288 * flops / (8 * 312e12 * 0.40)
+    assert compute == pytest.approx(8000, rel=0.01)  # about 2.2 h
+    assert compute < job.estimate_s < compute * 1.15  # plus validations, saves and the start
+    # on H100s the same run is 989 / 312 times faster
+    h100 = jobs_of(config, "124m", "h100")["train 124m"]
+    assert h100.estimate_s < job.estimate_s / 2.5
+    assert "h100" in h100.basis
+
+
+def test_a_short_time_limit_is_flagged(config):
+    short = copy.deepcopy(config)
+    short["runs"]["124m"]["launch"]["runtime"] = 30  # 2.4 h of training in 30-minute jobs
+    train = jobs_of(short, "124m")["train 124m"]
+    assert train.jobs_in_a_row > plan.retries() + 1
+    assert train.problems and "jobs of 30 min in a row" in train.problems[0]
+    # a partition that allows 2 minutes: the GPU evaluations cannot finish either
+    tiny = copy.deepcopy(config)
+    tiny["cluster"]["max_runtime"] = 2
+    jobs = jobs_of(tiny, "124m")
+    flagged = {name for name, j in jobs.items() if j.problems}
+    assert {"evaluate 124m/val_loss", "train 124m"} <= flagged
+    assert "cluster.max_runtime" in jobs["evaluate 124m/val_loss"].problems[0]
+
+
+def test_the_cli_prints_the_plan_and_fails_on_a_problem(tmp_path, capsys):
+    assert plan.main(["results/report_124m.html", "--config", str(CONFIG_FILE)]) == 0
+    out = capsys.readouterr().out
+    assert "train 124m" in out and "every job fits its time limit" in out
+    assert re.search(r"report 124m: \d+ jobs, [\d.]+ GPU-hours, about \$\d+", out)
+    overlay = tmp_path / "short.yaml"
+    overlay.write_text("runs:\n  124m:\n    launch: {runtime: 30}\n")
+    args = ["results/report_124m.html", "--config", str(CONFIG_FILE), "--configfile", str(overlay)]
+    assert plan.main(args) == 1
+    assert "!! train 124m: needs" in capsys.readouterr().out
+
+
+def test_the_rules_ask_for_what_the_plan_derives(tmp_path):
+    """The SLURM dry run of the 124M report: tokenize gets a node's CPUs, convert and evaluate
+    one GPU each with the plan's memory and time limit."""
+    workdir = make_workdir(tmp_path / "wf")
+    out = snakemake(workdir, "--profile", "slurm", "-n", "results/report_124m.html").stdout
+    jobs = re.findall(r"^rule (\w+):\n((?:[ \t]+.*\n)*)", out, re.M)
+    resources = {rule: [] for rule, _ in jobs}
+    for rule, details in jobs:
+        resources[rule].append(re.search(r"resources: (.*)", details).group(1))
+    assert "--workers 64" in out
+    config = schema.load_config(CONFIG_FILE)
+    expected = plan.job_resources(config, "evaluate", "124m", "val_loss")
+    assert expected["gres"] == "gpu:1"
+    for rule in ("convert", "evaluate"):
+        for line in resources[rule]:
+            assert "gres=gpu:1" in line and "mem_mb=60000" in line, line
+            assert re.search(r"runtime=(\d+)", line).group(1) == str(expected["runtime"])

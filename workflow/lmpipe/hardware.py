@@ -1,0 +1,35 @@
+"""What the pipeline knows about accelerators: dense bf16 peaks (for MFU and for planning).
+
+MFU is llm.c's: achieved model FLOPs (6N + 6LCT a token) over the device's peak. The peak is the
+dense (not 2:4 sparse) bf16 tensor-core figure of the vendor's datasheet. The trainer looks the
+GPU it finds up here (`launch.peak_flops` only overrides it); the plan uses `launch.gpu_model`.
+"""
+
+from __future__ import annotations
+
+# (name as torch.cuda.get_device_name / SLURM GRES types spell it, lower case) -> FLOP/s
+GPU_BF16_PEAK: dict[str, float] = {
+    "h200": 989e12,  # H200 SXM: the H100 SXM's compute, more memory
+    "h100 pcie": 756e12,
+    "h100 nvl": 835e12,
+    "h100": 989e12,  # H100 SXM
+    "a100": 312e12,  # A100 SXM and PCIe
+    "l40s": 362e12,
+    "a10g": 70e12,  # A10G (AWS): half of the A10's tensor throughput
+    "a10": 125e12,
+    "l4": 121e12,
+    "v100": 125e12,  # fp16 tensor cores (no bf16); what mixed precision gets
+}
+CPU_NOMINAL_PEAK = 1e12  # no datasheet for "a CPU": MFU of CPU runs is nominal
+
+
+def gpu_peak_flops(name: str) -> float | None:
+    """The dense bf16 peak of a GPU by name (e.g. "NVIDIA H200", "a100"), or None if unknown.
+
+    The most specific entry wins: "NVIDIA H100 PCIe" is the PCIe card, "NVIDIA H100 80GB HBM3"
+    the SXM one."""
+    lowered = name.lower()
+    for key in sorted(GPU_BF16_PEAK, key=len, reverse=True):
+        if key in lowered:
+            return GPU_BF16_PEAK[key]
+    return None

@@ -1,0 +1,503 @@
+"""The plan of a target before a single job is submitted: every job's resources, time, disk, cost.
+
+    python -m lmpipe.plan results/report_124m.html              # the 124M report's jobs
+    python -m lmpipe.plan results/report_350m.html --gpu h100   # estimates for H100s
+
+A job's time comes from measured throughputs where there are any (resources/throughputs.yaml:
+tokenize tokens/s a core, train MFU on a GPU from gpu_check), otherwise from the run's FLOPs
+(llm.c's 6N + 6LCT a token; 2N + 2LCT a token forward) over the GPU's dense bf16 peak
+(lmpipe.hardware) times an assumed MFU; each estimate says which. The rules ask for the
+resources computed here (`job_resources`), so what is printed is what is submitted:
+
+- tokenize: a node's CPUs (the most any GPU run on the dataset asks for) and uses them all;
+- convert and evaluate of a GPU run: one GPU of the run's kind and the CPUs and memory that
+  come with it (the run's share a GPU), a time limit of twice the estimate plus 10 minutes;
+- train: the run's `launch:`; a run longer than its time limit continues in the next job from
+  its checkpoint (SIGTERM signal_seconds before the limit), up to the profile's retries.
+
+A job is flagged when it cannot finish: an estimate over its time limit (or the partition's,
+`cluster.max_runtime`), or a training that needs more jobs in a row than the retries allow.
+Torch-free: the Snakefile imports it for the resources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmpipe import config as lmconfig
+from lmpipe.hardware import gpu_peak_flops
+from lmpipe.paths import REPO_ROOT
+from lmpipe.registry import ARCHITECTURES, EVALUATIONS
+
+THROUGHPUTS = REPO_ROOT / "resources" / "throughputs.yaml"
+SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
+DEFAULT_GPU = "a100"  # llm.c's reference hardware, when a run names no gpu_model
+CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMPTS (4 each)
+MIN_LIMIT = 30  # minutes: the least a derived time limit asks for
+
+
+@cache
+def throughputs() -> dict[str, Any]:
+    return yaml.safe_load(THROUGHPUTS.read_text())
+
+
+def figure(section: str, key: str) -> float:
+    return float(throughputs()[section][key]["value"])
+
+
+def basis(section: str, key: str) -> str:
+    entry = throughputs()[section][key]
+    return "measured" if "measured" in entry else "assumed"
+
+
+@cache
+def retries() -> int:
+    """Jobs a training may take in a row: the slurm profile's retries + the first."""
+    return int(yaml.safe_load(SLURM_PROFILE.read_text()).get("retries", 0))
+
+
+# ----------------------------------------------------------------------------------------------
+# the model's arithmetic
+
+
+def num_params(model: lmconfig.ModelConfig) -> int:
+    return ARCHITECTURES[model.arch].num_params(model)
+
+
+def train_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
+    """llm.c's formula: 6N + 6LCT (forward and backward)."""
+    return 6 * num_params(model) + 6 * model.n_layer * model.n_embd * seq_len
+
+
+def forward_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
+    return train_flops_per_token(model, seq_len) / 3
+
+
+def gpu_name(run: lmconfig.RunConfig, gpu: str | None) -> str:
+    return gpu or run.launch.gpu_model or DEFAULT_GPU
+
+
+def device_flops(run: lmconfig.RunConfig, gpu: str | None, kind: str) -> tuple[float, str]:
+    """FLOP/s one device of the run achieves (`kind`: train or eval), and how it is known."""
+    if run.launch.device != "cuda":
+        return figure(kind, "cpu_flops_per_s"), f"CPU {basis(kind, 'cpu_flops_per_s')}"
+    name = gpu_name(run, gpu)
+    peak = gpu_peak_flops(name)
+    if peak is None:
+        raise ValueError(f"runs.{run.name}: no known peak for GPU {name!r} (lmpipe.hardware)")
+    measured = (throughputs()["train"].get("gpu_mfu_measured") or {}).get(run.model_name, {})
+    if kind == "train" and name.lower() in measured:
+        return peak * measured[name.lower()], f"{name}, MFU {measured[name.lower()]:.0%} measured"
+    mfu = figure(kind, "gpu_mfu")
+    return peak * mfu, f"{name} peak x MFU {mfu:.0%} {basis(kind, 'gpu_mfu')}"
+
+
+def gpu_memory_gb(run: lmconfig.RunConfig) -> float:
+    """A GPU's peak memory in training, roughly: fp32 params, grads and AdamW's two moments
+    sharded over the ranks (16N/W bytes); the bf16 params gathered for forward and backward (2N,
+    kept between them unless fsdp.reshard_after_forward); activations of bf16 blocks with flash
+    attention (34 C bytes a token a layer, Korthikanti et al. 2022); the head's bf16 logits and
+    their fp32 softmax (6 bytes a vocabulary entry a token)."""
+    n, m, t = num_params(run.model), run.model, run.train
+    tokens = t.micro_batch * t.seq_len
+    act_bytes = 2 if t.dtype == "bfloat16" else 4
+    params = 16 * n / run.launch.world_size + act_bytes * n
+    activations = 34 * m.n_embd * m.n_layer * tokens * act_bytes / 2
+    head = tokens * m.padded_vocab_size * (act_bytes + 4)
+    return (params + activations + head) / 1e9
+
+
+# ----------------------------------------------------------------------------------------------
+# jobs
+
+
+@dataclass
+class Job:
+    rule: str
+    name: str  # its wildcards
+    device: str  # "cuda" or "cpu" or "" (no compute: local rules)
+    gpus: int = 0  # the job's, all nodes
+    nodes: int = 1
+    cpus: int = 1  # a node's
+    mem_mb: int = 0  # a node's
+    limit_min: int | None = None  # its time limit; None: a local rule (no limit)
+    estimate_s: float = 0.0
+    disk_bytes: float = 0.0
+    basis: str = ""
+    gpu_mem_gb: float | None = None
+    jobs_in_a_row: int = 1  # train: allocations, each resuming the last's checkpoint
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * self.estimate_s / 3600
+
+
+def derived_limit(estimate_s: float, max_runtime: int) -> int:
+    """A time limit for a job estimated at `estimate_s`: twice the estimate plus 10 minutes, in
+    whole quarter hours, at least MIN_LIMIT, at most the partition's."""
+    minutes = 15 * math.ceil((2 * estimate_s / 60 + 10) / 15)
+    return min(max(MIN_LIMIT, minutes), max_runtime)
+
+
+def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
+    """About how many tokens a text dataset holds: `approx_tokens`, a local file's size, or the
+    most tokens a run trains on it."""
+    d = config["datasets"][dataset]
+    if d.get("approx_tokens"):
+        return float(d["approx_tokens"])
+    if d["source"] == "local" and Path(d["path"]).is_file():
+        return Path(d["path"]).stat().st_size / 1.94  # bytes/token of the embedded sample
+    trained = [
+        r["train"]["max_steps"] * r["train"]["batch_tokens"]
+        for r in config["runs"].values()
+        if r["dataset"] == dataset and "max_steps" in r["train"]
+    ]
+    return float(max(trained, default=0))
+
+
+def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
+    """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does)."""
+    cpus = [
+        r["launch"]["cpus_per_task"]
+        for name, r in config["runs"].items()
+        if r["launch"]["device"] == "cuda" and lmconfig.text_dataset(config, name) == dataset
+    ]
+    return max(cpus, default=16)
+
+
+def tokenize_job(config: dict[str, Any], dataset: str) -> Job:
+    tokens = dataset_tokens(config, dataset)
+    cpus = tokenize_cpus(config, dataset)
+    rate = figure("tokenize", "tokens_per_s_per_core") * max(
+        1.0, cpus * figure("tokenize", "parallel_efficiency")
+    )
+    estimate = tokens / rate + 60
+    max_runtime = config["cluster"]["max_runtime"]
+    job = Job(
+        "tokenize", dataset, "cpu", cpus=cpus, mem_mb=int(figure("tokenize", "mem_mb")),
+        estimate_s=estimate, disk_bytes=2 * tokens, limit_min=derived_limit(estimate, max_runtime),
+        basis=f"{tokens:.3g} tokens at {rate:.3g}/s ({cpus} cores;"
+        f" {basis('tokenize', 'tokens_per_s_per_core')} a core)",
+    )  # fmt: skip
+    return job
+
+
+def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
+    rc = lmconfig.run_config(config, run)
+    t, launch = rc.train, rc.launch
+    steps = t.max_steps or fine_tuning_steps(config, rc)
+    tokens = steps * t.batch_tokens
+    flops_a_device, how = device_flops(rc, gpu, "train")
+    devices = launch.world_size if launch.device == "cuda" else 1  # CPU ranks share the cores
+    train_s = tokens * train_flops_per_token(rc.model, t.seq_len) / (flops_a_device * devices)
+    validations = steps // t.val_every if t.val_every else 1
+    val_s = (
+        validations * t.val_tokens * forward_flops_per_token(rc.model, t.seq_len)
+        / (flops_a_device * devices)
+    )  # fmt: skip
+    n = num_params(rc.model)
+    checkpoint_bytes = 12 * n  # fp32 params and AdamW's two moments
+    saves = steps // t.checkpoint_every if t.checkpoint_every else 0
+    io_s = (saves * checkpoint_bytes + 4 * n) / figure("io", "disk_bytes_per_s")
+    work_s = train_s + val_s + io_s
+    startup = figure("train", "startup_s")
+    job = Job(
+        "train", run, launch.device, gpus=devices if launch.device == "cuda" else 0,
+        nodes=launch.nodes, cpus=launch.cpus_per_task, mem_mb=launch.mem_mb,
+        limit_min=launch.runtime, basis=f"{tokens:.3g} tokens; {how}",
+        disk_bytes=(t.keep_checkpoints * checkpoint_bytes) + 4 * n,
+        gpu_mem_gb=gpu_memory_gb(rc) if launch.device == "cuda" else None,
+    )  # fmt: skip
+    usable = launch.runtime * 60 - launch.signal_seconds - startup
+    if usable <= 0:
+        job.jobs_in_a_row = math.inf
+        job.problems.append(
+            f"launch.runtime {launch.runtime} min leaves no time to train after the start"
+            f" ({startup:.0f} s) and the signal ({launch.signal_seconds} s)"
+        )
+    else:
+        job.jobs_in_a_row = max(1, math.ceil(work_s / usable))
+    job.estimate_s = work_s + startup * min(job.jobs_in_a_row, 10**6)
+    allowed = retries() + 1
+    if job.jobs_in_a_row > allowed:
+        job.problems.append(
+            f"needs {job.jobs_in_a_row} jobs of {launch.runtime} min in a row; the slurm profile"
+            f" allows {allowed} (retries: {retries()}): raise launch.runtime or retries"
+        )
+    if launch.runtime > config["cluster"]["max_runtime"]:
+        job.problems.append(
+            f"launch.runtime {launch.runtime} min is over the partition's"
+            f" cluster.max_runtime {config['cluster']['max_runtime']}"
+        )
+    return job
+
+
+def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:
+    """A fine-tuning run's steps, from its epochs and the conversations it will keep (a local
+    file's count, less the held-out share); 0 when the data is on the hub (unknown yet)."""
+    d = config["datasets"][rc.dataset]
+    if d["source"] != "local" or not Path(d["path"]).is_file():
+        return 0
+    text = Path(d["path"]).read_text()
+    try:
+        count = len(json.loads(text))
+    except json.JSONDecodeError:
+        count = sum(1 for line in text.splitlines() if line.strip())
+    rows = int(count * (1 - d["val_percent"] / 100))
+    return rc.sft.epochs * (rows // (rc.train.batch_tokens // rc.train.seq_len))
+
+
+def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how: str) -> Job:
+    """A convert or evaluate job: one GPU of the run's kind (and its share of the node) for a GPU
+    run; for a CPU run, two cores to evaluate and one to convert."""
+    rc = lmconfig.run_config(config, run)
+    launch = rc.launch
+    max_runtime = config["cluster"]["max_runtime"]
+    if launch.device == "cuda":
+        share = launch.procs_per_node
+        job = Job(
+            rule, "", "cuda", gpus=1, cpus=max(1, launch.cpus_per_task // share),
+            mem_mb=max(8000, launch.mem_mb // share),
+        )  # fmt: skip
+    else:
+        job = Job(rule, "", "cpu", cpus=2 if rule == "evaluate" else 1, mem_mb=8000)
+    job.estimate_s, job.basis = estimate, how
+    job.limit_min = derived_limit(estimate, max_runtime)
+    return job
+
+
+def convert_job(config: dict[str, Any], run: str) -> Job:
+    n = num_params(lmconfig.run_config(config, run).model)
+    rate = figure("io", "disk_bytes_per_s")
+    estimate = figure("eval", "startup_s") + 12 * n / rate  # read 4N, write 4N + 4N
+    job = model_job(config, "convert", run, estimate, f"{12 * n / 1e9:.2f} GB read and written")
+    job.name, job.disk_bytes = run, 8 * n
+    return job
+
+
+def eval_tokens(config: dict[str, Any], rc: lmconfig.RunConfig, evaluation: str) -> float:
+    """Tokens an evaluation runs through the model (forward only)."""
+    section = rc.eval[EVALUATIONS[evaluation].section]
+    T = rc.model.block_size
+    if evaluation == "val_loss":
+        return section.tokens
+    if evaluation in ("hellaswag", "hellaswag_lm_eval"):
+        per_item = figure("eval", "hellaswag_tokens_per_item")
+        slowdown = figure("eval", "lm_eval_slowdown") if evaluation == "hellaswag_lm_eval" else 1
+        return section.items * per_item * slowdown
+    if evaluation == "samples":  # no KV cache: token i runs over the whole context so far
+        return CHAT_PROMPTS * sum(min(T, 10 + i) for i in range(section.tokens))
+    if evaluation == "chat_samples":
+        return CHAT_PROMPTS * sum(min(T, 60 + i) for i in range(section.reply_tokens))
+    if evaluation == "sft_loss":
+        chat = lmconfig.chat_dataset(config, rc.name)
+        d = config["datasets"][chat]
+        return 200 * d["seq_len"]  # held-out conversations: a few hundred rows at most
+    return 0.0
+
+
+def eval_job(config: dict[str, Any], run: str, evaluation: str, gpu: str | None) -> Job:
+    rc = lmconfig.run_config(config, run)
+    flops_a_device, how = device_flops(rc, gpu, "eval")
+    tokens = eval_tokens(config, rc, evaluation)
+    compute = tokens * forward_flops_per_token(rc.model, rc.model.block_size) / flops_a_device
+    estimate = figure("eval", "startup_s") + compute
+    job = model_job(config, "evaluate", run, estimate, f"{tokens:.3g} tokens forward; {how}")
+    job.name = f"{run}/{evaluation}"
+    return job
+
+
+def plan_report(config: dict[str, Any], report: str, gpu: str | None = None) -> list[Job]:
+    """Every job of `results/report_{report}.html`, in the order they run."""
+    runs = config["reports"][report]["runs"]
+    text = sorted({lmconfig.text_dataset(config, r) for r in runs})
+    chats = sorted({c for r in runs if (c := lmconfig.chat_dataset(config, r))})
+    jobs = []
+    for dataset in text:
+        tokens = dataset_tokens(config, dataset)
+        raw = tokens * figure("tokenize", "raw_bytes_per_token")
+        jobs.append(
+            Job(
+                "download",
+                dataset,
+                "",
+                estimate_s=raw / figure("io", "download_bytes_per_s"),
+                disk_bytes=raw,
+                basis=f"{raw / 1e9:.3g} GB (local rule: where the internet is)",
+            )  # fmt: skip
+        )
+        jobs.append(tokenize_job(config, dataset))
+    for dataset in chats:
+        jobs.append(
+            Job("prepare_conversations", dataset, "cpu", mem_mb=8000, estimate_s=60, limit_min=120)
+        )
+    if any(lmconfig.run_config(config, r).eval["hellaswag"].file == "full" for r in runs):
+        jobs.append(Job("download_hellaswag", "", "", estimate_s=30, disk_bytes=60e6))
+    for run in runs:
+        jobs.append(train_job(config, run, gpu))
+        jobs.append(convert_job(config, run))
+        jobs += [eval_job(config, run, e, gpu) for e in lmconfig.evaluations_of(config, run)]
+    # the profile's default resources (slurm/config.yaml): 8 GB, 2 hours
+    jobs.append(Job("report", report, "cpu", mem_mb=8000, estimate_s=60, limit_min=120))
+    max_runtime = config["cluster"]["max_runtime"]
+    for job in jobs:
+        if (
+            job.rule != "train"
+            and job.limit_min is not None
+            and job.estimate_s > job.limit_min * 60
+        ):
+            job.problems.append(
+                f"estimated {fmt_time(job.estimate_s)}, over its time limit of {job.limit_min} min"
+                + (" (the partition's cluster.max_runtime)" if job.limit_min == max_runtime else "")
+            )
+    return jobs
+
+
+def report_plan(config: dict[str, Any], report: str) -> str:
+    """What the report shows beside each run's measured figures: its training's estimate (JSON,
+    the report rule's params)."""
+    price = config["reports"][report]["gpu_hour_price"]
+    runs = {}
+    for run in config["reports"][report]["runs"]:
+        job = train_job(config, run, None)
+        runs[run] = {
+            "train_s": job.estimate_s,
+            "gpu_hours": job.gpu_hours if job.gpus else None,
+            "cost": job.gpu_hours * price if job.gpus else None,
+            "gpu_mem_gb": job.gpu_mem_gb,
+            "jobs_in_a_row": job.jobs_in_a_row,
+            "basis": job.basis,
+            "problems": job.problems,
+        }
+    return lmconfig.canonical_json(runs)
+
+
+def job_resources(config: dict[str, Any], rule: str, run_or_dataset: str, evaluation: str = ""):
+    """The resources the rules ask for: {cpus, mem_mb, runtime, gres} (gres None: no GPU)."""
+    if rule == "tokenize":
+        job = tokenize_job(config, run_or_dataset)
+    elif rule == "convert":
+        job = convert_job(config, run_or_dataset)
+    elif rule == "evaluate":
+        job = eval_job(config, run_or_dataset, evaluation, None)
+    else:
+        raise ValueError(f"no derived resources for rule {rule!r}")
+    gres = None
+    if job.gpus:
+        model = lmconfig.run_config(config, run_or_dataset).launch.gpu_model
+        gres = f"gpu:{model}:1" if model else "gpu:1"
+    return {"cpus": job.cpus, "mem_mb": job.mem_mb, "runtime": job.limit_min, "gres": gres}
+
+
+# ----------------------------------------------------------------------------------------------
+# printing
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds == math.inf:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n / 1e3:.3g} kB" if n else "—"
+
+
+def format_plan(jobs: list[Job], price: float, report: str) -> str:
+    head = ("job", "resources", "estimate", "limit", "disk", "GPU-h", "GPU mem", "basis")
+    rows = []
+    for j in jobs:
+        if j.device == "":
+            res = "local rule"
+        elif j.gpus:
+            res = f"{j.gpus} GPU, {j.nodes} node, {j.cpus} CPU, {j.mem_mb // 1000} GB"
+        else:
+            res = f"{j.cpus} CPU, {j.mem_mb // 1000} GB"
+        limit = "—" if j.limit_min is None else f"{j.limit_min} min"
+        if j.rule == "train" and j.jobs_in_a_row > 1:
+            limit += f" x{j.jobs_in_a_row}"
+        rows.append(
+            (
+                f"{j.rule} {j.name}".strip(),
+                res,
+                fmt_time(j.estimate_s),
+                limit,
+                fmt_bytes(j.disk_bytes),
+                f"{j.gpu_hours:.1f}" if j.gpus else "—",
+                f"{j.gpu_mem_gb:.0f} GB" if j.gpu_mem_gb else "—",
+                j.basis,
+            )  # fmt: skip
+        )
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(head, widths, strict=True)).rstrip()]
+    for job, row in zip(jobs, rows, strict=True):
+        line = "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        lines.append(("!! " if job.problems else "   ") + line)
+    lines[0] = "   " + lines[0]
+    gpu_hours = sum(j.gpu_hours for j in jobs)
+    disk = sum(j.disk_bytes for j in jobs)
+    lines.append("")
+    lines.append(
+        f"report {report}: {len(jobs)} jobs, {gpu_hours:.1f} GPU-hours, about"
+        f" ${gpu_hours * price:,.0f} at ${price:g}/GPU-hour, {fmt_bytes(disk)} on disk"
+    )
+    problems = [(j, p) for j in jobs for p in j.problems]
+    for job, problem in problems:
+        lines.append(f"!! {job.rule} {job.name}: {problem}")
+    if not problems:
+        lines.append("every job fits its time limit")
+    lines.append(f"(throughputs: {THROUGHPUTS.relative_to(REPO_ROOT)}; GPU memory: a rough"
+                 " upper bound, lmpipe.plan.gpu_memory_gb)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lmpipe import schema  # the config check needs Snakemake; the rules' path does not
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("target", help="results/report_NAME.html (or the report's name)")
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--configfile", nargs="*", default=[], help="overlays, as snakemake's")
+    p.add_argument("--gpu", help="estimate for this GPU (default: each run's gpu_model, or a100)")
+    args = p.parse_args(argv)
+    config = yaml.safe_load(Path(args.config).read_text())
+    for overlay in args.configfile:
+        config = merge(config, yaml.safe_load(Path(overlay).read_text()))
+    schema.validate(config)
+    match = re.fullmatch(r"(?:.*/)?report_(.+)\.html", args.target)
+    report = match.group(1) if match else args.target
+    if report not in config["reports"]:
+        p.error(f"no report {report!r} in {args.config} (reports: {', '.join(config['reports'])})")
+    jobs = plan_report(config, report, args.gpu)
+    print(format_plan(jobs, config["reports"][report]["gpu_hour_price"], report))
+    return 1 if any(j.problems for j in jobs) else 0
+
+
+def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """Snakemake's --configfile merge: nested keys of `overlay` replace `base`'s."""
+    out = dict(base)
+    for k, v in overlay.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
