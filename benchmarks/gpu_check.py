@@ -8,6 +8,8 @@ Parts, in the order they run (names as in the JSON):
 - `env`: nvidia-smi, the GPU's name, free memory and dense bf16 peak (lmpipe.hardware), torch,
   CUDA, packages, a C compiler on PATH (Triton builds its launcher with one), CPU count, flash
   attention (the SDPA switch and a flash-only bf16 call), and a tiny torch.compile on the device.
+  (CUDA runs in subprocesses only: this process never holds a CUDA context, which a GPU in
+  exclusive-process mode would hold against every later run.)
 - `data`: the embedded FineWeb sample tokenized with lmpipe.data.tokenize into llm.c shards.
 - `correctness.first_step`: a tiny GPT-2 (2 layers x 64, block 128, fp32, no compile) trained
   through the launcher (`python -m lmpipe.train`: torchrun, NCCL, 1 rank) and the same settings

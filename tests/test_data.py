@@ -206,6 +206,37 @@ def test_tokenize_identical_for_1_and_2_workers(raw_sample, tmp_path):
         ).read_bytes()
 
 
+def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts):
+    """A dataset too big for one job: K part jobs, then the shards cut from their streams, byte
+    for byte what one job writes (the plan splits by raw file; 5 parts of 3 files: empty ones)."""
+    from lmpipe.data.tokenize import tokenize_part
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    files = []
+    for i, chunk in enumerate((fineweb_texts[:300], fineweb_texts[300:350], fineweb_texts[350:])):
+        (raw / f"d{i}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in chunk))
+        files.append({"file": f"d{i}.jsonl", "rows": len(chunk)})
+    (raw / "manifest.json").write_text(json.dumps({"files": files, "rows": 1000}))
+    cfg = TokenizeConfig(dataset="sample", shard_tokens=200_000, val_tokens=50_000)
+    whole = tokenize(cfg, raw / "manifest.json", str(TOKENIZER_DIR), tmp_path / "one", 2)
+    for parts in (3, 5):
+        streams = [tmp_path / f"p{parts}_{i}.bin" for i in range(parts)]
+        counts = [
+            tokenize_part(cfg, raw / "manifest.json", str(TOKENIZER_DIR), i, parts, path, 2)
+            for i, path in enumerate(streams)
+        ]
+        assert sum(counts) == whole["tokens"]["val"] + whole["tokens"]["train"]
+        assert counts.count(0) == parts - 3  # more parts than files: some are empty
+        out = tmp_path / f"from{parts}"
+        split = tokenize(cfg, raw / "manifest.json", str(TOKENIZER_DIR), out, 2, streams)
+        assert split == whole  # shard names, sizes, sha256 and the document count
+        for shard in whole["shards"]:
+            assert (out / shard["file"]).read_bytes() == (
+                tmp_path / "one" / shard["file"]
+            ).read_bytes()
+
+
 def test_tokenize_reads_jsonl_and_replaces_old_shards(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -96,3 +96,29 @@ def test_the_rules_ask_for_what_the_plan_derives(tmp_path):
         for line in resources[rule]:
             assert "gres=gpu:1" in line and "mem_mb=60000" in line, line
             assert re.search(r"runtime=(\d+)", line).group(1) == str(expected["runtime"])
+
+
+def test_a_dataset_too_big_for_one_job_is_tokenized_in_parts(config, tmp_path):
+    """With a 15-minute partition, sample-100BT's tokenizing (~17 min on 64 cores) is split in
+    two part jobs, then the shards are cut from their streams in a third."""
+    short = copy.deepcopy(config)
+    short["cluster"]["max_runtime"] = 15
+    assert plan.tokenize_parts(config, "fineweb100B") == 1  # the 48-hour default: one job
+    assert plan.tokenize_parts(short, "fineweb100B") == 2
+    jobs = jobs_of(short, "350m")
+    assert [n for n in jobs if n.startswith("tokenize")] == [
+        "tokenize_part fineweb100B/000",
+        "tokenize_part fineweb100B/001",
+        "tokenize fineweb100B",
+    ]
+    assert not any(j.problems for n, j in jobs.items() if n.startswith("tokenize"))
+    # what Snakemake plans: the two parts, and the shards cut from them
+    workdir = make_workdir(tmp_path / "wf")
+    (workdir / "short.yaml").write_text("cluster: {max_runtime: 15}\n")
+    target = "results/data/fineweb100B/tokens/manifest.json"
+    configs = ["--configfile", "config/config.yaml", "short.yaml"]
+    out = snakemake(workdir, target, "-n", *configs, "--quiet", "rules").stdout
+    assert re.search(r"^tokenize_part\s+2$", out, re.M) and re.search(r"^tokenize\s+1$", out, re.M)
+    shell = snakemake(workdir, target, "-n", "-p", *configs).stdout
+    assert "--part 001 --parts 2" in shell
+    assert "--from-parts results/data/fineweb100B/token_parts/part_000.bin" in shell

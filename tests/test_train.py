@@ -279,6 +279,12 @@ def test_loss_falls_on_real_text(manifest, tmp_path):
     assert {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "wall_s"} <= set(
         rows[1]
     )
+    # MFU is llm.c's FLOPs a token x tokens/s over the device's peak (1e12, nominal, on a CPU)
+    model = GPT(GPTConfig(**MODEL))
+    for row in rows[1:]:
+        if "mfu" in row:
+            implied = row["mfu"] * 1e12 / row["tokens_per_s"]
+            assert implied == pytest.approx(model.flops_per_token(TRAIN["seq_len"]), rel=1e-6)
     assert list((out / "tb").glob("events.out.tfevents.*"))
 
 

@@ -36,6 +36,11 @@ class Layout:
     def tokens_manifest(self, dataset: str) -> str:
         return f"{self.tokens_dir(dataset)}/manifest.json"
 
+    def token_part(self, dataset: str, part: int | str) -> str:
+        """A part's token stream, when a dataset is tokenized in parts (removed once cut)."""
+        part = f"{part:03d}" if isinstance(part, int) else part
+        return f"{self.data}/{dataset}/token_parts/part_{part}.bin"
+
     def conversations_dir(self, dataset: str) -> str:
         """Conversations as masked token rows (a `kind: conversations` dataset)."""
         return f"{self.data}/{dataset}/sft"

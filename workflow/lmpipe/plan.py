@@ -176,21 +176,42 @@ def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
     return max(cpus, default=16)
 
 
-def tokenize_job(config: dict[str, Any], dataset: str) -> Job:
-    tokens = dataset_tokens(config, dataset)
+def tokenize_rate(config: dict[str, Any], dataset: str) -> float:
+    """Tokens a second of one tokenize job on a node's cores."""
     cpus = tokenize_cpus(config, dataset)
-    rate = figure("tokenize", "tokens_per_s_per_core") * max(
-        1.0, cpus * figure("tokenize", "parallel_efficiency")
-    )
-    estimate = tokens / rate + 60
+    per_core = figure("tokenize", "tokens_per_s_per_core")
+    return per_core * max(1.0, cpus * figure("tokenize", "parallel_efficiency"))
+
+
+def tokenize_parts(config: dict[str, Any], dataset: str) -> int:
+    """Jobs a dataset is tokenized in: more than one when one job's estimate would not fit in
+    0.8 of the partition's time limit (the shards are then cut from the parts in one more job)."""
+    estimate = dataset_tokens(config, dataset) / tokenize_rate(config, dataset) + 60
+    return max(1, math.ceil(estimate / (0.8 * config["cluster"]["max_runtime"] * 60)))
+
+
+def tokenize_job(config: dict[str, Any], dataset: str, part: str = "") -> Job:
+    """The tokenize job (one; or, in parts, a part's `tokenize_part` job or the merge)."""
+    tokens = dataset_tokens(config, dataset)
+    parts = tokenize_parts(config, dataset)
+    cpus = tokenize_cpus(config, dataset)
+    rate = tokenize_rate(config, dataset)
     max_runtime = config["cluster"]["max_runtime"]
-    job = Job(
-        "tokenize", dataset, "cpu", cpus=cpus, mem_mb=int(figure("tokenize", "mem_mb")),
-        estimate_s=estimate, disk_bytes=2 * tokens, limit_min=derived_limit(estimate, max_runtime),
-        basis=f"{tokens:.3g} tokens at {rate:.3g}/s ({cpus} cores;"
-        f" {basis('tokenize', 'tokens_per_s_per_core')} a core)",
+    how = f"{tokens:.3g} tokens at {rate:.3g}/s ({cpus} cores;"
+    how += f" {basis('tokenize', 'tokens_per_s_per_core')} a core)"
+    if parts == 1:
+        estimate, rule, name, disk = tokens / rate + 60, "tokenize", dataset, 2 * tokens
+    elif part:  # a part: its share of the raw files
+        estimate, rule, name, disk = tokens / parts / rate + 60, "tokenize_part", part, 0.0
+        how = f"1/{parts} of {how}"
+    else:  # the shards cut from the parts' streams: reading and writing 2 bytes a token
+        estimate = 4 * tokens / figure("io", "disk_bytes_per_s") + 60
+        rule, name, disk = "tokenize", dataset, 2 * tokens
+        how = f"shards from {parts} parts: {4 * tokens / 1e9:.3g} GB read and written"
+    return Job(
+        rule, name, "cpu", cpus=cpus, mem_mb=int(figure("tokenize", "mem_mb")), estimate_s=estimate,
+        disk_bytes=disk, limit_min=derived_limit(estimate, max_runtime), basis=how,
     )  # fmt: skip
-    return job
 
 
 def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
@@ -337,6 +358,9 @@ def plan_report(config: dict[str, Any], report: str, gpu: str | None = None) -> 
                 basis=f"{raw / 1e9:.3g} GB (local rule: where the internet is)",
             )  # fmt: skip
         )
+        parts = tokenize_parts(config, dataset)
+        if parts > 1:
+            jobs += [tokenize_job(config, dataset, f"{dataset}/{i:03d}") for i in range(parts)]
         jobs.append(tokenize_job(config, dataset))
     for dataset in chats:
         jobs.append(
@@ -387,6 +411,8 @@ def job_resources(config: dict[str, Any], rule: str, run_or_dataset: str, evalua
     """The resources the rules ask for: {cpus, mem_mb, runtime, gres} (gres None: no GPU)."""
     if rule == "tokenize":
         job = tokenize_job(config, run_or_dataset)
+    elif rule == "tokenize_part":
+        job = tokenize_job(config, run_or_dataset, "part")
     elif rule == "convert":
         job = convert_job(config, run_or_dataset)
     elif rule == "evaluate":

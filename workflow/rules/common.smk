@@ -37,6 +37,23 @@ def get_run(wildcards):
     return lmconfig.run_config(config, wildcards.run)
 
 
+def get_tokenize_inputs(wildcards):
+    """The raw files; when the dataset is tokenized in parts (lmpipe.plan.tokenize_parts), the
+    parts' token streams too, which the shards are cut from."""
+    inputs = {"raw": LAYOUT.raw_manifest(wildcards.dataset)}
+    parts = lmplan.tokenize_parts(config, wildcards.dataset)
+    if parts > 1:
+        inputs["parts"] = [
+            LAYOUT.token_part(wildcards.dataset, i) for i in range(parts)
+        ]
+    return inputs
+
+
+def get_from_parts_arg(wildcards, input):
+    parts = input.get("parts")
+    return "--from-parts " + " ".join(shlex.quote(p) for p in parts) if parts else ""
+
+
 def get_dataset_of_run(wildcards):
     """The text dataset of a run (a fine-tuning run's is its base's): the val loss."""
     return lmconfig.text_dataset(config, wildcards.run)

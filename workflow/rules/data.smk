@@ -35,9 +35,36 @@ rule download_hellaswag:
         "python -m lmpipe.data download --hellaswag --out {output:q} > {log} 2>&1"
 
 
-rule tokenize:
+rule tokenize_part:
     input:
         raw=LAYOUT.raw_manifest("{dataset}"),
+    output:
+        temp(LAYOUT.token_part("{dataset}", "{part}")),
+    log:
+        LAYOUT.log("tokenize", "{dataset}/part_{part}"),
+    benchmark:
+        LAYOUT.benchmark("tokenize", "{dataset}/part_{part}")
+    wildcard_constraints:
+        part=r"\d{3}",
+    conda:
+        "../../envs/data.yaml"
+    threads: lambda wc: get_derived(wc, "tokenize_part", "cpus")
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "tokenize_part", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "tokenize_part", "runtime"),
+    params:
+        cfg=lambda wc: lmconfig.tokenize_params(config, wc.dataset),
+        parts=lambda wc: lmplan.tokenize_parts(config, wc.dataset),
+        tokenizer=config["tokenizer"],
+    shell:
+        "python -m lmpipe.data tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
+        " --tokenizer {params.tokenizer:q} --part {wildcards.part} --parts {params.parts}"
+        " --out {output:q} --workers {threads} > {log} 2>&1"
+
+
+rule tokenize:
+    input:
+        unpack(get_tokenize_inputs),
     output:
         manifest=LAYOUT.tokens_manifest("{dataset}"),
     log:
@@ -55,9 +82,11 @@ rule tokenize:
         cfg=lambda wc: lmconfig.tokenize_params(config, wc.dataset),
         out=lambda wc: LAYOUT.tokens_dir(wc.dataset),
         tokenizer=config["tokenizer"],
+        from_parts=get_from_parts_arg,
     shell:
         "python -m lmpipe.data tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
-        " --tokenizer {params.tokenizer:q} --out {params.out:q} --workers {threads} > {log} 2>&1"
+        " --tokenizer {params.tokenizer:q} --out {params.out:q} --workers {threads}"
+        " {params.from_parts} > {log} 2>&1"
 
 
 rule prepare_conversations:

@@ -15,6 +15,11 @@ interrupted run never leaves a mix of old and new shards.
 
     python -m lmpipe.data tokenize --config-json J --raw-manifest M --tokenizer resources/gpt2 \
         --out results/data/D/tokens --workers 16
+
+A dataset too large for one job's time limit (lmpipe.plan decides) is tokenized in parts: part i
+of K encodes its slice of the raw files into one token stream (`--part i --parts K --out FILE`,
+the shard format, one long "shard"), and the shards are then cut from the parts' streams in order
+(`--from-parts P0 P1 ...`): byte for byte the shards one job would have written.
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from lmpipe.config import TokenizeConfig, build
-from lmpipe.data.shards import TOKEN_DTYPE, header_bytes
+from lmpipe.data.shards import TOKEN_DTYPE, header_bytes, read_shard
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
-from lmpipe.files import atomic_dir
+from lmpipe.files import atomic_dir, atomic_file
 from lmpipe.paths import shard_name
 
 log = logging.getLogger("lmpipe.tokenize")
@@ -130,32 +135,93 @@ class ShardWriter:
             self.buffer = np.empty(self.cfg.shard_tokens, dtype=TOKEN_DTYPE)
 
 
-def tokenize(
-    cfg: TokenizeConfig, raw_manifest: Path, tokenizer_dir: str, out: Path, workers: int
-) -> dict[str, Any]:
+def raw_files(raw_manifest: Path, part: int = 0, parts: int = 1) -> tuple[list[Path], int]:
+    """The raw files of part `part` of `parts` (consecutive slices, in the manifest's order), and
+    the documents they hold (for the progress bar)."""
     raw = json.loads(raw_manifest.read_text())
-    files = [raw_manifest.parent / f["file"] for f in raw["files"]]
+    entries = raw["files"]
+    mine = entries[part * len(entries) // parts : (part + 1) * len(entries) // parts]
+    return [raw_manifest.parent / f["file"] for f in mine], sum(f.get("rows", 0) for f in mine)
+
+
+def encoded(
+    files: list[Path], text_column: str, tokenizer_dir: str, workers: int, rows: int, desc: str
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(documents, their tokens) of `files`, batch by batch, in order, encoded by `workers`
+    threads."""
     gpt2_encoding(tokenizer_dir)  # load (and check) the tokenizer once, before the threads
+
+    def batches() -> Iterator[list[str]]:
+        for path in files:
+            yield from read_documents(path, text_column)
+
+    with (
+        tqdm(total=rows, desc=desc, unit="doc", file=sys.stderr) as progress,
+        ThreadPoolExecutor(max_workers=workers) as pool,
+    ):
+        encode = lambda texts: (len(texts), encode_batch(texts, tokenizer_dir))  # noqa: E731
+        for n, tokens in ordered_map(pool, encode, batches(), window=2 * workers):
+            yield n, tokens
+            progress.update(n)
+
+
+def from_parts(parts: list[Path], chunk: int = 1 << 24) -> Iterator[tuple[int, np.ndarray]]:
+    """(documents, tokens) read back from part streams, in order: a document starts with its
+    end-of-text token, and the text's own tokens never are one."""
+    for part in tqdm(parts, desc="shards from parts", unit="part", file=sys.stderr):
+        tokens = read_shard(part)
+        for start in range(0, len(tokens), chunk):
+            piece = np.asarray(tokens[start : start + chunk])
+            yield int((piece == EOT_ID).sum()), piece
+
+
+def tokenize_part(
+    cfg: TokenizeConfig,
+    raw_manifest: Path,
+    tokenizer_dir: str,
+    part: int,
+    parts: int,
+    out_file: Path,
+    workers: int,
+) -> int:
+    """Part `part` of `parts`: its raw files' tokens as one stream in the shard format."""
+    files, rows = raw_files(raw_manifest, part, parts)
+    count = 0
+    with atomic_file(out_file) as tmp, open(tmp, "wb") as f:
+        f.write(header_bytes(0))  # the count is written last, once known
+        desc = f"tokenize {cfg.dataset} part {part + 1}/{parts}"
+        for _, tokens in encoded(files, cfg.text_column, tokenizer_dir, workers, rows, desc):
+            f.write(tokens.tobytes())
+            count += len(tokens)
+        f.seek(0)
+        f.write(header_bytes(count))
+    return count
+
+
+def tokenize(
+    cfg: TokenizeConfig,
+    raw_manifest: Path,
+    tokenizer_dir: str,
+    out: Path,
+    workers: int,
+    parts: list[Path] | None = None,
+) -> dict[str, Any]:
+    """The dataset's shards and manifest.json into `out`: from the raw files, or from the token
+    streams of its parts (`parts`, in order)."""
+    if parts:
+        stream = from_parts(parts)
+    else:
+        files, rows = raw_files(raw_manifest)
+        desc = f"tokenize {cfg.dataset}"
+        stream = encoded(files, cfg.text_column, tokenizer_dir, workers, rows, desc)
 
     with atomic_dir(out) as tmp:
         writer = ShardWriter(tmp, cfg)
         docs = 0
-
-        def batches() -> Iterator[list[str]]:
-            for path in files:
-                yield from read_documents(path, cfg.text_column)
-
-        progress = tqdm(
-            total=raw["rows"], desc=f"tokenize {cfg.dataset}", unit="doc", file=sys.stderr
-        )
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            encode = lambda texts: (len(texts), encode_batch(texts, tokenizer_dir))  # noqa: E731
-            for n, tokens in ordered_map(pool, encode, batches(), window=2 * workers):
-                writer.write(tokens)
-                docs += n
-                progress.update(n)
+        for n, tokens in stream:
+            writer.write(tokens)
+            docs += n
         writer.flush()
-        progress.close()
 
         manifest = {
             "dataset": cfg.dataset,
@@ -178,13 +244,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config-json", required=True, help="lmpipe.config.tokenize_params")
     parser.add_argument("--raw-manifest", required=True, type=Path)
     parser.add_argument("--tokenizer", required=True, help="folder with encoder.json, vocab.bpe")
-    parser.add_argument("--out", required=True, type=Path, help="tokens folder")
+    parser.add_argument("--out", required=True, type=Path, help="tokens folder (a part: its file)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--part", type=int, help="tokenize part PART (0-based) of --parts only")
+    parser.add_argument("--parts", type=int, default=1, help="parts the raw files are split in")
+    parser.add_argument(
+        "--from-parts", nargs="+", type=Path, help="cut the shards from these parts' streams"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     cfg = build(TokenizeConfig, json.loads(args.config_json), "dataset")
-    m = tokenize(cfg, args.raw_manifest, args.tokenizer, args.out, max(1, args.workers))
+    workers = max(1, args.workers)
+    if args.part is not None:
+        if not 0 <= args.part < args.parts:
+            parser.error(f"--part {args.part} is not one of 0..{args.parts - 1}")
+        n = tokenize_part(
+            cfg, args.raw_manifest, args.tokenizer, args.part, args.parts, args.out, workers
+        )
+        log.info("part %d of %d: %d tokens -> %s", args.part, args.parts, n, args.out)
+        return
+    m = tokenize(cfg, args.raw_manifest, args.tokenizer, args.out, workers, args.from_parts)
     log.info(
         "%d documents -> %d shards, %d val + %d train tokens in %s",
         m["documents"], len(m["shards"]), m["tokens"]["val"], m["tokens"]["train"], args.out,

@@ -49,6 +49,7 @@ EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retr
 # train settings that never change the trajectory (logging and checkpointing only)
 NOT_TRAJECTORY = ("val_every", "val_tokens", "checkpoint_every", "keep_checkpoints")
 
+
 @dataclass
 class Task:
     """What a kind of training brings to the loop; the loop knows nothing else of it."""
@@ -170,7 +171,7 @@ def run(
     check_compiler(job)
     accum = tc.grad_accum_steps(d.world_size)
     digest = trajectory_hash(job, task, d.world_size)
-    peak = peak_flops(job, d.device)
+    peak = peak_flops(job, d.device)  # a device's FLOP/s, for MFU
     if d.device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
         torch.backends.cudnn.allow_tf32 = True
@@ -227,8 +228,8 @@ def run(
         validate()
     while step < tc.max_steps:
         t0 = time.time()
-        for group, peak in zip(optimizer.param_groups, peak_lrs, strict=True):
-            group["lr"] = lr_at(step, peak, tc.schedule, tc.max_steps)
+        for group, peak_lr in zip(optimizer.param_groups, peak_lrs, strict=True):
+            group["lr"] = lr_at(step, peak_lr, tc.schedule, tc.max_steps)
         lr = optimizer.param_groups[0]["lr"]
         loss_accum = torch.zeros((), device=d.device)
         counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
