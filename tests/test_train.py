@@ -360,3 +360,25 @@ def test_compile_on_a_gpu_without_a_c_compiler_stops_before_training(monkeypatch
     (tmp_path / "gcc").write_text("#!/bin/sh\n")
     (tmp_path / "gcc").chmod(0o755)
     check_compiler(job_of(cfg))  # one compiler is enough
+
+
+@pytest.mark.slow
+def test_fresh_start_moves_the_checkpoints_aside_and_trains_from_step_0(manifest, tmp_path):
+    """`LMPIPE_FRESH_START=1` (what the README gives with --forcerun): the same settings, but
+    from scratch; the old checkpoints kept under checkpoints/retired/, none resumed."""
+    out = tmp_path / "run"
+    cfg = config(2, max_steps=4)
+    run(cfg, manifest, out)
+    before = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+    assert before == ["step_000004"]
+    again = run(cfg, manifest, out)  # without the flag: resumes (and has nothing left to do)
+    assert "resumed from" in again.stderr
+    env = dict(os.environ, OMP_NUM_THREADS="1", LMPIPE_FRESH_START="1")
+    fresh = subprocess.run(
+        command(cfg, manifest, out), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert fresh.returncode == 0, fresh.stderr
+    assert "resumed from" not in fresh.stderr and "fresh start: moved 1 checkpoint" in fresh.stderr
+    (retired,) = (out / "checkpoints" / "retired").iterdir()
+    assert sorted(p.name for p in retired.iterdir()) == before
+    assert [m["step"] for m in metrics(out) if "loss" in m] == [1, 2, 3, 4]  # all trained again
