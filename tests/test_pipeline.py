@@ -102,8 +102,8 @@ def fine_tunings_of(config: dict, run: str) -> list[str]:
 def jobs_of(config: dict, run: str, *, retrained: bool) -> set[tuple[str, str]]:
     """The jobs of one run: its evaluations, and its training and conversion when `retrained`."""
     jobs = {("evaluate", f"{run}/{e}") for e in lmconfig.evaluations_of(config, run)}
-    if retrained:
-        jobs |= {("train", run), ("convert", run)}
+    if retrained:  # GPT-2 runs: the llm.c file too
+        jobs |= {("train", run), ("convert", run), ("export_llmc", run)}
     return jobs
 
 

@@ -27,7 +27,7 @@ def test_plans_the_full_124m_dag_offline(workdir):
     proc = snakemake(workdir, "results/report_124m.html", "-n", "--quiet", "rules")
     out = proc.stdout + proc.stderr
     planned = {
-        "download": 1, "tokenize": 1, "train": 1, "convert": 1, "report": 1,
+        "download": 1, "tokenize": 1, "train": 1, "convert": 1, "export_llmc": 1, "report": 1,
         "download_hellaswag": 1,
         "evaluate": 4,  # val_loss, hellaswag, hellaswag_lm_eval, samples
     }  # fmt: skip

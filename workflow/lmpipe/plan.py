@@ -371,6 +371,11 @@ def plan_report(config: dict[str, Any], report: str, gpu: str | None = None) -> 
     for run in runs:
         jobs.append(train_job(config, run, gpu))
         jobs.append(convert_job(config, run))
+        arch = lmconfig.run_config(config, run).model.arch
+        if "llmc" in ARCHITECTURES[arch].exports:
+            llmc = convert_job(config, run)
+            llmc.rule, llmc.gpus, llmc.disk_bytes = "export_llmc", 0, llmc.disk_bytes / 2
+            jobs.append(llmc)
         jobs += [eval_job(config, run, e, gpu) for e in lmconfig.evaluations_of(config, run)]
     # the profile's default resources (slurm/config.yaml): 8 GB, 2 hours
     jobs.append(Job("report", report, "cpu", mem_mb=8000, estimate_s=60, limit_min=120))

@@ -50,6 +50,9 @@ class Architecture:
     # parameters of a model of this shape, without building it (the plan's FLOPs and bytes;
     # tests/test_model.py checks it against the model's own count)
     num_params: Callable[[Any], int]
+    # what convert writes of a run: "hf" (model/hf/, every architecture: the evaluations read it)
+    # and "llmc" (model/llmc.bin, llm.c's format, which holds GPT-2 only)
+    exports: tuple[str, ...] = ("hf",)
 
 
 def gpt2_params(m: Any) -> int:
@@ -68,6 +71,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "lmpipe.models.gpt2",
             "OpenAI's GPT-2 as llm.c trains it (learned positions)",
             gpt2_params,
+            exports=("hf", "llmc"),
         ),
     )
 }

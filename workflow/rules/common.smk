@@ -18,7 +18,7 @@ shell.prefix(
 from lmpipe import config as lmconfig
 from lmpipe import plan as lmplan
 from lmpipe import schema as lmschema
-from lmpipe.registry import EVALUATIONS
+from lmpipe.registry import ARCHITECTURES, EVALUATIONS
 
 # Snakemake's validate() against workflow/schemas/, then the registry's sections and the
 # cross-field checks; an error is one line naming the YAML path (lmpipe.schema.validate).
@@ -70,9 +70,19 @@ def get_eval_outputs(run):
     return [LAYOUT.eval_file(run, e) for e in lmconfig.evaluations_of(config, run)]
 
 
+def exports_llmc(run):
+    arch = config["models"][config["runs"][run]["model"]]["arch"]
+    return "llmc" in ARCHITECTURES[arch].exports
+
+
+# runs whose architecture llm.c's format holds (GPT-2): they get model/llmc.bin too
+LLMC_RUNS = "|".join(r for r in config["runs"] if exports_llmc(r)) or "^$"
+
+
 def get_report_inputs(wildcards):
     runs = config["reports"][wildcards.report]["runs"]
     finals = [LAYOUT.final_checkpoint(r) for r in runs]
+    finals += [LAYOUT.llmc_file(r) for r in runs if exports_llmc(r)]
     evals = [f for r in runs for f in get_eval_outputs(r)]
     manifests = sorted(
         {LAYOUT.tokens_manifest(lmconfig.text_dataset(config, r)) for r in runs}

@@ -1,4 +1,5 @@
-# Convert the final sharded checkpoint into a Hugging Face folder and an llm.c checkpoint.
+# Convert the final sharded checkpoint: a Hugging Face folder for every run (the evaluations read
+# it), and llm.c's checkpoint for the architectures whose format it is (GPT-2: registry exports).
 
 
 rule convert:
@@ -6,7 +7,6 @@ rule convert:
         final=LAYOUT.final_checkpoint("{run}"),
     output:
         hf=directory(LAYOUT.hf_dir("{run}")),
-        llmc=LAYOUT.llmc_file("{run}"),
     log:
         LAYOUT.log("convert", "{run}"),
     benchmark:
@@ -24,4 +24,24 @@ rule convert:
         tokenizer=config["tokenizer"],
     shell:
         "python -m lmpipe.models --checkpoint {input.final:q} --tokenizer {params.tokenizer:q}"
-        " --hf-out {output.hf:q} --llmc-out {output.llmc:q} > {log} 2>&1"
+        " --hf-out {output.hf:q} > {log} 2>&1"
+
+
+rule export_llmc:
+    input:
+        final=LAYOUT.final_checkpoint("{run}"),
+    output:
+        LAYOUT.llmc_file("{run}"),
+    log:
+        LAYOUT.log("export_llmc", "{run}"),
+    benchmark:
+        LAYOUT.benchmark("export_llmc", "{run}")
+    wildcard_constraints:
+        run=LLMC_RUNS,
+    conda:
+        "../../envs/convert.yaml"
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "convert", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "convert", "runtime"),
+    shell:
+        "python -m lmpipe.models --checkpoint {input.final:q} --llmc-out {output:q} > {log} 2>&1"
