@@ -39,19 +39,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
-from lmpipe.config import ModelConfig  # noqa: E402
+from lmpipe.config import ModelConfig, named_models  # noqa: E402
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
 from lmpipe.models.gpt2.model import GPT  # noqa: E402
 from lmpipe.registry import AdamWSettings  # noqa: E402
 from lmpipe.train.optim import build_optimizer, clip_grad_norm  # noqa: E402
 from lmpipe.train.parallel import init_distributed, parallelize  # noqa: E402
 
-PRESETS: dict[str, ModelConfig] = {  # GPT-2's sizes (config/config.yaml names them too)
-    "d12": ModelConfig(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "d24": ModelConfig(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "d36": ModelConfig(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "d48": ModelConfig(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-    "tiny": ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=128),
+# GPT-2's sizes and the CPU demo's, by their names in config/config.yaml, and a small one
+PRESETS: dict[str, ModelConfig] = named_models() | {
     "small": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=256),
 }
 ATTENTION_OP = re.compile(r"attention|flash|fmha|sdpa", re.IGNORECASE)

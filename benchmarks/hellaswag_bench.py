@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lmpipe.config import ModelConfig
+from lmpipe.config import ModelConfig, named_models
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval import hellaswag
 from lmpipe.eval.harness import LM_EVAL_TASK, lm_eval_hellaswag
@@ -30,12 +30,8 @@ from lmpipe.models.gpt2.hf import write_hf
 from lmpipe.models.gpt2.model import GPT
 from lmpipe.paths import REPO_ROOT, TOKENIZER_DIR
 
-PRESETS: dict[str, ModelConfig] = {  # GPT-2's sizes, and two small ones for the CPU
-    "d12": ModelConfig(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "d24": ModelConfig(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "d36": ModelConfig(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "d48": ModelConfig(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-    "tiny": ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=128),
+# GPT-2's sizes and the CPU demo's, by their names in config/config.yaml, and a small one
+PRESETS: dict[str, ModelConfig] = named_models() | {
     "small": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=256),
 }
 

@@ -6,9 +6,8 @@ import math
 
 import pytest
 import torch
-import yaml
 
-from conftest import CONFIG_FILE
+from lmpipe.config import named_models
 from lmpipe.models.gpt2.model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
@@ -159,7 +158,7 @@ def test_llmc_initialisation_and_tying():
 
 def test_d12_is_gpt2_124m():
     with torch.device("meta"):
-        model = GPT(GPTConfig(**yaml.safe_load(CONFIG_FILE.read_text())["models"]["d12"]))
+        model = GPT(named_models()["d12"])
     # 124,475,904 with the padded vocab (llm.c); 124,439,808 with 50257 (OpenAI's count)
     assert model.num_params() == 124_475_904
     assert model.flops_per_token(1024) == 6 * 124_475_904 + 6 * 12 * 768 * 1024
@@ -170,7 +169,7 @@ def test_the_registry_counts_parameters_as_the_model_does(name):
     """The plan's FLOPs and bytes come from this count, made without torch."""
     from lmpipe.registry import ARCHITECTURES
 
-    config = GPTConfig(**yaml.safe_load(CONFIG_FILE.read_text())["models"][name])
+    config = named_models()[name]
     with torch.device("meta"):
         model = GPT(config)
     assert ARCHITECTURES["gpt2"].num_params(config) == model.num_params()

@@ -18,9 +18,10 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
-from lmpipe.paths import Layout
+from lmpipe.paths import DEFAULT_CONFIG, Layout
 from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
 
 T = TypeVar("T")
@@ -307,6 +308,15 @@ def optimizer_config(data: dict[str, Any], where: str) -> Any:
 
 def train_config(data: dict[str, Any], where: str) -> TrainConfig:
     return build(TrainConfig, data, where, optimizer=optimizer_config)
+
+
+def named_models(path: str | Path = DEFAULT_CONFIG) -> dict[str, ModelConfig]:
+    """The `models:` of a config file (d12 = GPT-2 124M, d24 = 350M, ...; the sizes are written
+    there only), for benchmarks and tools that take a size by name."""
+    import yaml
+
+    models = yaml.safe_load(Path(path).read_text())["models"]
+    return {name: build(ModelConfig, m, f"models.{name}") for name, m in models.items()}
 
 
 def layout(config: dict[str, Any]) -> Layout:
