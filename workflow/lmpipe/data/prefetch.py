@@ -16,8 +16,10 @@ would be, and a checkpoint resumes the same batches however far the thread had r
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -64,6 +66,18 @@ def _produce(loader: Loader, q: queue.Queue, stop: threading.Event, pin_device: 
         _put(q, _Failed(e), stop)
 
 
+# Prefetchers whose thread may run: stopped and joined at interpreter exit. A daemon thread still
+# inside torch when the interpreter finalizes can abort the process (SIGABRT, "terminate called
+# without an active exception") and so hide the exit code of the error that ended it.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for prefetcher in list(_LIVE):
+        prefetcher.close()
+
+
 class Prefetcher:
     """`loader`'s batches, in the same order, made up to `depth` micro-batches ahead on a thread.
 
@@ -101,6 +115,7 @@ class Prefetcher:
             daemon=True,
         )
         self._thread.start()
+        _LIVE.add(self)
 
     def next_batch(self) -> Batch:
         """The wrapped loader's next micro-batch (in pinned memory when `self.pin`)."""

@@ -191,137 +191,140 @@ def run(
     # batches are read ahead on a thread (pinned for the GPU: asynchronous copies); its
     # position stays the loop's own, so checkpoints resume exactly
     loader = Prefetcher(task.loader, pin=d.device.type == "cuda")
-
-    # resume from the newest checkpoint of these settings, if any
-    ckpt = Checkpointer(out / "checkpoints", digest, tc.checkpoint_every, tc.keep_checkpoints)
-    if fresh_start:
-        ckpt.retire_all()
-    step, tokens, wall_before = 0, 0, 0.0
-    resume = ckpt.find_resume()
-    if resume is not None:
-        state = ckpt.load(resume, model, optimizer)
-        loader.load_state_dict(state["loader"])
-        step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
-        log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
-    metrics = Metrics(out, step, d.is_main)
-    write_provenance(job, model, d, digest, peak, out)
-    if d.is_main:
-        log.info(
-            "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step;"
-            " MFU against %.3g FLOP/s a device",
-            job.run, model.num_params(), d.world_size, accum, tc.micro_batch, tc.seq_len,
-            tc.batch_tokens, peak,
-        )  # fmt: skip
-
-    t_start = time.time()
-
-    def wall_s() -> float:
-        return wall_before + time.time() - t_start
-
-    def validate() -> None:
-        val_loss = evaluate(model, task.val_batches, d.device)
-        metrics.write({"step": step, "tokens": tokens, "val_loss": val_loss, "wall_s": wall_s()})
+    try:
+        # resume from the newest checkpoint of these settings, if any
+        ckpt = Checkpointer(out / "checkpoints", digest, tc.checkpoint_every, tc.keep_checkpoints)
+        if fresh_start:
+            ckpt.retire_all()
+        step, tokens, wall_before = 0, 0, 0.0
+        resume = ckpt.find_resume()
+        if resume is not None:
+            state = ckpt.load(resume, model, optimizer)
+            loader.load_state_dict(state["loader"])
+            step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
+            log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
+        metrics = Metrics(out, step, d.is_main)
+        write_provenance(job, model, d, digest, peak, out)
         if d.is_main:
-            print(f"step {step:5d}/{tc.max_steps} | val loss {val_loss:.4f}", flush=True)
+            log.info(
+                "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step;"
+                " MFU against %.3g FLOP/s a device",
+                job.run, model.num_params(), d.world_size, accum, tc.micro_batch, tc.seq_len,
+                tc.batch_tokens, peak,
+            )  # fmt: skip
 
-    if step == 0:
-        validate()
-    while step < tc.max_steps:
-        t0 = time.time()
-        for group, peak_lr in zip(optimizer.param_groups, peak_lrs, strict=True):
-            group["lr"] = lr_at(step, peak_lr, tc.schedule, tc.max_steps)
-        lr = optimizer.param_groups[0]["lr"]
-        loss_accum = torch.zeros((), device=d.device)
-        counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
-        for _ in range(accum):
-            x, y = loader.next_batch()
-            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
-            _, loss = model(x, y)
-            loss = loss / accum  # the gradient of the mean over the whole step
-            loss_accum += loss.detach()
-            if task.sparse_targets:
-                counted += (y != -1).sum()  # -1: the model's "does not count" target
-            loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
-        grad_norm = clip_grad_norm(model, tc.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens += tc.batch_tokens
-        # one all-reduce: the step's loss and counted tokens summed over ranks, and whether any
-        # rank got a signal (torch.full: a fill kernel, not a blocking copy from the host)
-        signalled = torch.full((), float(stop.signal is not None), device=d.device)
-        flags = torch.stack([loss_accum, signalled, counted])
-        dist.all_reduce(flags)
-        # the step's one host sync: every figure the step logs, in one copy (as llm.c)
-        loss_value, stop_requested, counted_tokens, norm = torch.cat(
-            [flags, grad_norm.reshape(1).to(flags.dtype)]
-        ).tolist()
-        loss_value /= d.world_size
-        dt = time.time() - t0
-        if not math.isfinite(loss_value):
-            newest = ckpt.newest()
-            raise NonFiniteLossError(
-                f"step {step}: the training loss is {loss_value}; stopping. The last good"
-                f" checkpoint is {newest or '(none yet)'}; lower the lr or check the data."
+        t_start = time.time()
+
+        def wall_s() -> float:
+            return wall_before + time.time() - t_start
+
+        def validate() -> None:
+            val_loss = evaluate(model, task.val_batches, d.device)
+            metrics.write(
+                {"step": step, "tokens": tokens, "val_loss": val_loss, "wall_s": wall_s()}
             )
-        tokens_per_s = tc.batch_tokens / dt
-        step_flops = flops_per_token * tc.batch_tokens  # llm.c's formula
-        if task.sparse_targets:  # the head ran on the counted tokens only
-            step_flops -= head_flops_per_token * (tc.batch_tokens - counted_tokens)
-        mfu = step_flops / dt / (peak * d.world_size)
-        metrics.write(
-            {
-                "step": step,
-                "tokens": tokens,
-                "loss": loss_value,
-                "lr": lr,
-                "grad_norm": norm,
-                "tokens_per_s": tokens_per_s,
-                "mfu": mfu,
-                "wall_s": wall_s(),
-            }
-        )
-        if d.is_main:  # llm.c's step line
-            print(
-                f"step {step:5d}/{tc.max_steps} | loss {loss_value:.6f} | lr {lr:.2e}"
-                f" | norm {norm:.4f} | {dt * 1000:.1f} ms | {100 * mfu:.1f}% MFU"
-                f" | {tokens_per_s:,.0f} tok/s",
-                flush=True,
-            )
-        if step == tc.max_steps or (tc.val_every > 0 and step % tc.val_every == 0):
+            if d.is_main:
+                print(f"step {step:5d}/{tc.max_steps} | val loss {val_loss:.4f}", flush=True)
+
+        if step == 0:
             validate()
-        saved = ckpt.should_save(step, tc.max_steps)
-        if saved or stop_requested:
-            state = {"tokens": tokens, "loader": loader.state_dict(), "wall_s": wall_s()}
-            path = ckpt.save(step, model, optimizer, state)
-            log.info("saved checkpoint %s", path)
-        if stop_requested:
-            log.warning("stopping at step %d on a signal; a restart resumes from there", step)
-            # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
-            # Python resets its handlers to the default while finalizing, not ignored signals
-            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-            metrics.close()
-            loader.close()
-            return EXIT_STOPPED
+        while step < tc.max_steps:
+            t0 = time.time()
+            for group, peak_lr in zip(optimizer.param_groups, peak_lrs, strict=True):
+                group["lr"] = lr_at(step, peak_lr, tc.schedule, tc.max_steps)
+            lr = optimizer.param_groups[0]["lr"]
+            loss_accum = torch.zeros((), device=d.device)
+            counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
+            for _ in range(accum):
+                x, y = loader.next_batch()
+                x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+                _, loss = model(x, y)
+                loss = loss / accum  # the gradient of the mean over the whole step
+                loss_accum += loss.detach()
+                if task.sparse_targets:
+                    counted += (y != -1).sum()  # -1: the model's "does not count" target
+                loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
+            grad_norm = clip_grad_norm(model, tc.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens += tc.batch_tokens
+            # one all-reduce: the step's loss and counted tokens summed over ranks, and whether any
+            # rank got a signal (torch.full: a fill kernel, not a blocking copy from the host)
+            signalled = torch.full((), float(stop.signal is not None), device=d.device)
+            flags = torch.stack([loss_accum, signalled, counted])
+            dist.all_reduce(flags)
+            # the step's one host sync: every figure the step logs, in one copy (as llm.c)
+            loss_value, stop_requested, counted_tokens, norm = torch.cat(
+                [flags, grad_norm.reshape(1).to(flags.dtype)]
+            ).tolist()
+            loss_value /= d.world_size
+            dt = time.time() - t0
+            if not math.isfinite(loss_value):
+                newest = ckpt.newest()
+                raise NonFiniteLossError(
+                    f"step {step}: the training loss is {loss_value}; stopping. The last good"
+                    f" checkpoint is {newest or '(none yet)'}; lower the lr or check the data."
+                )
+            tokens_per_s = tc.batch_tokens / dt
+            step_flops = flops_per_token * tc.batch_tokens  # llm.c's formula
+            if task.sparse_targets:  # the head ran on the counted tokens only
+                step_flops -= head_flops_per_token * (tc.batch_tokens - counted_tokens)
+            mfu = step_flops / dt / (peak * d.world_size)
+            metrics.write(
+                {
+                    "step": step,
+                    "tokens": tokens,
+                    "loss": loss_value,
+                    "lr": lr,
+                    "grad_norm": norm,
+                    "tokens_per_s": tokens_per_s,
+                    "mfu": mfu,
+                    "wall_s": wall_s(),
+                }
+            )
+            if d.is_main:  # llm.c's step line
+                print(
+                    f"step {step:5d}/{tc.max_steps} | loss {loss_value:.6f} | lr {lr:.2e}"
+                    f" | norm {norm:.4f} | {dt * 1000:.1f} ms | {100 * mfu:.1f}% MFU"
+                    f" | {tokens_per_s:,.0f} tok/s",
+                    flush=True,
+                )
+            if step == tc.max_steps or (tc.val_every > 0 and step % tc.val_every == 0):
+                validate()
+            saved = ckpt.should_save(step, tc.max_steps)
+            if saved or stop_requested:
+                state = {"tokens": tokens, "loader": loader.state_dict(), "wall_s": wall_s()}
+                path = ckpt.save(step, model, optimizer, state)
+                log.info("saved checkpoint %s", path)
+            if stop_requested:
+                log.warning("stopping at step %d on a signal; a restart resumes from there", step)
+                # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
+                # Python resets its handlers to the default while finalizing, not ignored signals
+                signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+                metrics.close()
+                return EXIT_STOPPED
 
-    wall = wall_s()
-    meta = {
-        "run": job.run,
-        "model": dataclasses.asdict(job.model),
-        "train": dataclasses.asdict(tc),
-        "settings_hash": digest,
-        "step": step,
-        "tokens": tokens,
-        "world_size": d.world_size,
-        "wall_s": wall,
-        "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
-        **task.meta,
-    }
-    loader.close()
-    save_final(out / "final", model, meta)
-    log.info("wrote %s after %d steps, %.1f s", out / "final", step, wall)
-    metrics.close()
-    return 0
+        wall = wall_s()
+        meta = {
+            "run": job.run,
+            "model": dataclasses.asdict(job.model),
+            "train": dataclasses.asdict(tc),
+            "settings_hash": digest,
+            "step": step,
+            "tokens": tokens,
+            "world_size": d.world_size,
+            "wall_s": wall,
+            "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
+            **task.meta,
+        }
+        save_final(out / "final", model, meta)
+        log.info("wrote %s after %d steps, %.1f s", out / "final", step, wall)
+        metrics.close()
+        return 0
+
+    finally:
+        loader.close()  # stop the read-ahead thread, whatever ends the run
 
 
 def worker_main(
