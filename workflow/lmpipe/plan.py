@@ -83,6 +83,11 @@ def forward_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
     return train_flops_per_token(model, seq_len) / 3
 
 
+def startup_s(run: lmconfig.RunConfig, kind: str) -> float:
+    """A job's start (`kind`: train or eval) on the run's device."""
+    return figure(kind, "startup_s" if run.launch.device == "cuda" else "cpu_startup_s")
+
+
 def gpu_name(run: lmconfig.RunConfig, gpu: str | None) -> str:
     return gpu or run.launch.gpu_model or DEFAULT_GPU
 
@@ -232,7 +237,7 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     saves = steps // t.checkpoint_every if t.checkpoint_every else 0
     io_s = (saves * checkpoint_bytes + 4 * n) / figure("io", "disk_bytes_per_s")
     work_s = train_s + val_s + io_s
-    startup = figure("train", "startup_s")
+    startup = startup_s(rc, "train")
     job = Job(
         "train", run, launch.device, gpus=devices if launch.device == "cuda" else 0,
         nodes=launch.nodes, cpus=launch.cpus_per_task, mem_mb=launch.mem_mb,
@@ -299,9 +304,10 @@ def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how:
 
 
 def convert_job(config: dict[str, Any], run: str) -> Job:
-    n = num_params(lmconfig.run_config(config, run).model)
+    rc = lmconfig.run_config(config, run)
+    n = num_params(rc.model)
     rate = figure("io", "disk_bytes_per_s")
-    estimate = figure("eval", "startup_s") + 12 * n / rate  # read 4N, write 4N + 4N
+    estimate = startup_s(rc, "eval") + 12 * n / rate  # read 4N, write 4N + 4N
     job = model_job(config, "convert", run, estimate, f"{12 * n / 1e9:.2f} GB read and written")
     job.name, job.disk_bytes = run, 8 * n
     return job
@@ -333,7 +339,7 @@ def eval_job(config: dict[str, Any], run: str, evaluation: str, gpu: str | None)
     flops_a_device, how = device_flops(rc, gpu, "eval")
     tokens = eval_tokens(config, rc, evaluation)
     compute = tokens * forward_flops_per_token(rc.model, rc.model.block_size) / flops_a_device
-    estimate = figure("eval", "startup_s") + compute
+    estimate = startup_s(rc, "eval") + compute
     job = model_job(config, "evaluate", run, estimate, f"{tokens:.3g} tokens forward; {how}")
     job.name = f"{run}/{evaluation}"
     return job
