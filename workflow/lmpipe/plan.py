@@ -380,7 +380,9 @@ def plan_report(config: dict[str, Any], report: str, gpu: str | None = None) -> 
         arch = lmconfig.run_config(config, run).model.arch
         if "llmc" in ARCHITECTURES[arch].exports:
             llmc = convert_job(config, run)
-            llmc.rule, llmc.gpus, llmc.disk_bytes = "export_llmc", 0, llmc.disk_bytes / 2
+            # a CPU job of one core (the rule asks for no GPU): the weights read, llm.c's written
+            llmc.rule, llmc.gpus, llmc.cpus = "export_llmc", 0, 1
+            llmc.disk_bytes /= 2
             jobs.append(llmc)
         jobs += [eval_job(config, run, e, gpu) for e in lmconfig.evaluations_of(config, run)]
     # the profile's default resources (slurm/config.yaml): 8 GB, 2 hours
