@@ -63,6 +63,7 @@ WORKFLOW = REPO / "workflow"
 sys.path.insert(0, str(WORKFLOW))
 from lmpipe.config import ModelConfig, Placement, ScheduleConfig, TrainConfig  # noqa: E402
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
+from lmpipe.provenance import package_versions  # noqa: E402
 from lmpipe.registry import AdamWSettings  # noqa: E402
 
 TOKENIZER = REPO / "resources" / "gpt2"
@@ -509,14 +510,7 @@ class Check:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        try:
-            rc = proc.wait(timeout=self.time_left(what))
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-            raise PartTimeout(f"{what}: killed at the part's budget") from None
-        except BaseException:
-            kill_tree(proc)
-            raise
+        rc = self.wait_or_kill(what, proc)
         with open(self.log_path, "rb") as f:
             f.seek(start)
             output = f.read().decode(errors="replace")
@@ -524,6 +518,17 @@ class Check:
         if check and rc != 0:
             raise PartFailed(f"{what} exited {rc}", {"output_tail": output[-4000:]})
         return rc, output
+
+    def wait_or_kill(self, what: str, proc: subprocess.Popen) -> int:
+        """`proc`'s exit code; past the part's budget (or on any error) it and its children die."""
+        try:
+            return proc.wait(timeout=self.time_left(what))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            raise PartTimeout(f"{what}: killed at the part's budget") from None
+        except BaseException:
+            kill_tree(proc)
+            raise
 
     def start_background(self, what: str, cmd: list[str], env: dict[str, str]) -> tuple:
         log = self.work / "logs" / f"{what}.log"
@@ -538,13 +543,7 @@ class Check:
     def wait_background(self, bg: tuple) -> None:
         what, proc, f, log = bg
         try:
-            rc = proc.wait(timeout=self.time_left(what))
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-            raise PartTimeout(f"{what}: killed at the part's budget") from None
-        except BaseException:
-            kill_tree(proc)
-            raise
+            rc = self.wait_or_kill(what, proc)
         finally:
             f.close()
             output = log.read_text(errors="replace")
@@ -631,7 +630,6 @@ class Check:
 
     def part_env(self) -> dict:
         import platform
-        from importlib import metadata
 
         import psutil
 
@@ -654,13 +652,7 @@ class Check:
 
         include = sysconfig.get_paths().get("include") or ""
         info["python_h"] = (Path(include) / "Python.h").exists()  # Triton's launcher needs it
-        packages = {}
-        for name in PACKAGES:
-            try:
-                packages[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                packages[name] = "not installed"
-        info["packages"] = packages
+        info["packages"] = package_versions(PACKAGES)
         if shutil.which("nvidia-smi"):
             try:
                 smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)

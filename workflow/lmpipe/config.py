@@ -296,14 +296,19 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
     return value
 
 
-def optimizer_config(data: dict[str, Any], where: str) -> Any:
+def optimizer_settings(data: dict[str, Any], where: str) -> type:
+    """The settings dataclass of the optimizer `data` names; an unknown name is an error."""
     name = data.get("name")
     if name not in OPTIMIZERS:
         raise ConfigError(
             f"{where}.name: unknown optimizer {name!r}{did_you_mean(str(name), OPTIMIZERS)}"
             f" (known: {', '.join(OPTIMIZERS)})"
         )
-    return build(OPTIMIZERS[name].settings, data, where)
+    return OPTIMIZERS[name].settings
+
+
+def optimizer_config(data: dict[str, Any], where: str) -> Any:
+    return build(optimizer_settings(data, where), data, where)
 
 
 def train_config(data: dict[str, Any], where: str) -> TrainConfig:

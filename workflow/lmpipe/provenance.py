@@ -23,9 +23,10 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Installed versions of `names` ("not installed" for those missing)."""
     versions = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -32,6 +32,7 @@ from lmpipe.config import (
     did_you_mean,
     is_conversations,
     is_fine_tuning,
+    optimizer_settings,
     run_config,
 )
 from lmpipe.paths import SCHEMA
@@ -140,12 +141,7 @@ def validate_registry_sections(config: dict[str, Any]) -> None:
     for name, r in config["runs"].items():
         opt = r["train"]["optimizer"]
         where = f"runs.{name}.train.optimizer"
-        if opt.get("name") not in OPTIMIZERS:
-            raise ConfigError(
-                f"{where}.name: unknown optimizer {opt.get('name')!r}"
-                f"{did_you_mean(str(opt.get('name')), OPTIMIZERS)} (known: {', '.join(OPTIMIZERS)})"
-            )
-        _check_section(opt, section_schema(OPTIMIZERS[opt["name"]].settings), where)
+        _check_section(opt, section_schema(optimizer_settings(opt, where)), where)
         evals = r.setdefault("eval", {})
         for section in evals:
             if section not in EVAL_SECTIONS:

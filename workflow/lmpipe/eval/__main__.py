@@ -24,7 +24,7 @@ from lmpipe.config import EvalJob
 from lmpipe.eval.results import default_device, write_result
 from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS
 
-INPUT_KINDS = ("tokens", "hellaswag", "conversations")
+INPUT_KINDS = sorted({kind for e in EVALUATIONS.values() for kind in e.inputs})
 REFERENCE_MODEL = "openai-community/gpt2"
 
 
