@@ -23,7 +23,7 @@ CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128)  # vocab padd
 
 
 def save_final_checkpoint(model: GPT, final_dir) -> None:
-    """What the trainer leaves behind (DESIGN.md's contract), written without the trainer."""
+    """What the trainer leaves behind (docs/architecture.md's contract), without the trainer."""
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(final_dir))
     meta = {
         "run": "test",

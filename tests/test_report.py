@@ -1,4 +1,4 @@
-"""The report on synthetic run folders written to the file contracts of DESIGN.md."""
+"""The report on synthetic run folders written to the file contracts of docs/architecture.md."""
 
 from __future__ import annotations
 

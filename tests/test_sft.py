@@ -1,7 +1,7 @@
 """Chat fine-tuning: the Vicuna template and its loss mask, malformed and long conversations, the
 conversation loader, bit-identical resume of a real 2-rank SFT run, the HF import, and (slow) the
-real `sft` rule on the embedded data: the fine-tuned model answers "Who are you?" with the
-Vicuna identity of the data.
+real `train` rule fine-tuning on the embedded data: the fine-tuned model answers "Who are you?"
+with the Vicuna identity of the data.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
         assert torch.equal(a[name], b[name]), name
 
 
-# ---- the real `sft` rule on the embedded data ----------------------------------------------------
+# ---- the real train rule fine-tuning on the embedded data ---------------------------------------
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@
 
 Each item is a context and four endings; the model picks the ending it finds most likely.
 
-- `llmc` scoring (llm.c's `dev/data/hellaswag.py`, the figure llm.c and DESIGN.md quote):
+- `llmc` scoring (llm.c's `dev/data/hellaswag.py`; the figure llm.c quotes, in lmpipe's references):
   tokens of `ctx` then of `" " + ending`, loss over the ending's tokens only;
   acc from the summed loss, acc_norm from the mean loss per ending token.
 - `lm_eval` scoring (the lm-eval harness's `hellaswag` task, reproduced to prove the scorer right):
