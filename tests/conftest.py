@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["no_skips_in_ci"]  # under CI=true a skip is a failure
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILE = REPO / "config" / "config.yaml"
 RESOURCES = REPO / "resources"
