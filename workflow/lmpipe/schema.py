@@ -49,8 +49,12 @@ def section_schema(cls: type) -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         prop = {k: v for k, v in f.metadata.items() if v != ""}
         hint = str(f.type)
+        nullable = hint.endswith(" | None")
+        hint = hint.removesuffix(" | None")
         if hint in types:
-            prop["type"] = types[hint]
+            prop["type"] = [types[hint], "null"] if nullable else types[hint]
+        elif hint.startswith("list[") and hint[5:-1] in types:
+            prop |= {"type": "array", "items": {"type": types[hint[5:-1]]} | prop.get("items", {})}
         elif hint.startswith("tuple["):
             n = hint.count(",") + 1
             prop |= {"type": "array", "items": {"type": "number"}, "minItems": n, "maxItems": n}
@@ -58,6 +62,8 @@ def section_schema(cls: type) -> dict[str, Any]:
             raise TypeError(f"{cls.__name__}.{f.name}: no JSON type for {hint}")
         if f.default is not dataclasses.MISSING:
             prop["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            prop["default"] = f.default_factory()
         else:
             required_.append(f.name)
         props[f.name] = prop

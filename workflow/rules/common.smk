@@ -149,6 +149,7 @@ def get_eval_inputs(wildcards):
     files = {
         "tokens": lambda: LAYOUT.tokens_manifest(get_dataset_of_run(wildcards)),
         "hellaswag": lambda: config["hellaswag"][run.eval["hellaswag"].file],
+        "suite": lambda: LAYOUT.suite_manifest(),
         "conversations": lambda: LAYOUT.conversations_manifest(
             lmconfig.chat_dataset(config, wildcards.run)
         ),

@@ -5,6 +5,7 @@
 localrules:
     download,
     download_hellaswag,
+    download_suite,
 
 
 rule download:
@@ -33,6 +34,17 @@ rule download_hellaswag:
         "../../envs/data.yaml"
     shell:
         "python -m lmpipe.data download --hellaswag --out {output:q} > {log} 2>&1"
+
+
+rule download_suite:
+    output:
+        LAYOUT.suite_manifest(),
+    log:
+        LAYOUT.log("download", "eval_suite"),
+    conda:
+        "../../envs/data.yaml"
+    shell:
+        "python -m lmpipe.eval.suite.data --out {output:q} > {log} 2>&1"
 
 
 rule tokenize_part:
