@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from lmpipe.data.tokenizer import gpt2_encoding
-from lmpipe.eval.results import produced_by
+from lmpipe.eval.results import mean_stderr, produced_by
 from lmpipe.models import load_hf
 from lmpipe.paths import TOKENIZER_DIR
 from lmpipe.registry import HellaSwagSettings
@@ -244,12 +244,20 @@ def evaluate(
     if len(items) < settings.items:
         print(f"note: {items_file} holds {len(items)} items, fewer than {settings.items}")
     result = score(model, items, gpt2_encoding(TOKENIZER_DIR), "llmc", settings.batch, device)
+    labels = [it["label"] for it in items]
+    correct = {  # per item, in file order: what a paired test between two runs compares
+        "acc": [int(p == y) for p, y in zip(result.pred, labels, strict=True)],
+        "acc_norm": [int(p == y) for p, y in zip(result.pred_norm, labels, strict=True)],
+    }
     return {
         "metric": "hellaswag",
         "value": result.acc_norm,
         "acc": result.acc,
+        "acc_stderr": mean_stderr(correct["acc"]),
         "acc_norm": result.acc_norm,
+        "acc_norm_stderr": mean_stderr(correct["acc_norm"]),
         "items": result.items,
+        "per_item": correct,
         "produced_by": produced_by(
             __name__, model_dir, "llmc", items_file=str(items_file), device=device
         ),

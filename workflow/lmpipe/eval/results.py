@@ -8,6 +8,8 @@ versions, ...}}. The report reads these.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,16 @@ from lmpipe.models import read_hf_meta
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def mean_stderr(values: Sequence[float]) -> float:
+    """Standard error of a mean as lm-eval reports it beside an accuracy (its `mean_stderr`):
+    the sample standard deviation (n - 1) over sqrt(n); 0 for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def produced_by(module: str, model: str | Path, scoring: str, **extra: Any) -> dict[str, Any]:

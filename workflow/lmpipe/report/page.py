@@ -26,6 +26,7 @@ import jinja2
 
 from lmpipe.files import write_text_atomic
 from lmpipe.paths import REPORT_TEMPLATES, Layout
+from lmpipe.report.comparison import compare
 from lmpipe.report.figures import hellaswag_figure, loss_figure, lr_figure, throughput_figure
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import (
@@ -206,7 +207,13 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         columns=headline_columns(runs),
         headlines=headlines,
         plan=plan_rows(runs, headlines, plan or {}),
-        references=REFERENCES,
+        # the headline's references: those with a figure of its columns or a training budget
+        references=[
+            r
+            for r in REFERENCES
+            if r.tokens or any(c.key in r.figures for c in headline_columns(runs))
+        ],
+        comparison=compare(runs),
         settings=settings,
         differing=[row["key"] for row in settings if row["differs"]],
         kind_differing=[row["key"] for row in settings if row["kind"]],

@@ -1,0 +1,116 @@
+"""The task table: standard errors, paired tests against the first run, verdicts in words, and
+published figures marked where they were measured on another split."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_report import layout, render, row_text, settings, write_run  # noqa: F401
+
+from lmpipe.paths import Layout
+from lmpipe.report.comparison import mcnemar, paired_mean_test
+
+
+def test_mcnemar_exact_p_values_by_hand():
+    """8 items only `other` gets right, 2 only the baseline: p = 2 * P(X <= 2 | 10, 1/2)."""
+    base = [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1]
+    other = [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]  # the last two agree: not counted
+    test = mcnemar(base, other)
+    assert (test.better, test.worse) == (8, 2)
+    assert test.p == pytest.approx(2 * (1 + 10 + 45) / 2**10)  # 0.109: not significant
+    assert not test.significant and test.mark == ""
+    ten = mcnemar([0] * 10, [1] * 10)
+    assert ten.p == pytest.approx(2 / 2**10) and ten.mark == "▲"
+    assert mcnemar([1] * 10, [0] * 10).mark == "▼"
+    assert mcnemar([1, 0], [1, 0]).p == 1.0  # no disagreement: nothing to tell
+
+
+def test_paired_mean_test_by_hand():
+    """Two tasks; differences d1 = (1,1,0,0) and d2 = (1,0,0,-1): mean of task means 0.25,
+    se = sqrt(var1/4 + var2/4) / 2 with the sample variances 1/3 and 2/3: z = 0.25/0.25 = 1."""
+    from scipy.stats import norm
+
+    t1 = ([0, 0, 1, 1], [1, 1, 1, 1])
+    t2 = ([0, 1, 1, 1], [1, 1, 1, 0])
+    test = paired_mean_test([t1, t2])
+    se = ((1 / 3) / 4 + (2 / 3) / 4) ** 0.5 / 2
+    assert se == pytest.approx(0.25)
+    assert test.p == pytest.approx(2 * norm.sf(1.0))
+    assert (test.better, test.worse) == (3, 1)
+
+
+def suite_result(correct: dict[str, list[int]], split: dict[str, str] | None = None) -> dict:
+    """A suite result file as lmpipe.eval.suite writes it (headline acc_norm or acc)."""
+    tasks, per_item = {}, {}
+    for task, c in correct.items():
+        n, mean = len(c), sum(c) / len(c)
+        se = (mean * (1 - mean) / (n - 1)) ** 0.5  # sample sd / sqrt(n) of 0/1 values
+        metric = "acc" if task == "winogrande" else "acc_norm"
+        tasks[task] = {metric: mean, f"{metric}_stderr": se, "headline": metric, "items": n}
+        tasks[task]["split"] = (split or {}).get(task, "validation")
+        per_item[task] = {metric: c}
+    core = sum(t[t["headline"]] for t in tasks.values()) / len(tasks)
+    return {
+        "metric": "suite",
+        "value": core,
+        "core": core,
+        "core_tasks": list(tasks),
+        "tasks": tasks,
+        "per_item": per_item,
+        "failed": {},
+    }
+
+
+def add_suite(lay: Layout, run: str, result: dict) -> None:
+    (Path(lay.eval_dir(run)) / "suite.json").write_text(json.dumps(result))
+
+
+def test_report_marks_the_difference_the_data_can_tell(layout: Layout, tmp_path: Path):  # noqa: F811
+    """b gets 40 more PIQA items right than a (significant), and the same on ARC-Easy but on
+    other items (not): the table marks PIQA ▲ for b only, the verdict says both in words."""
+    n = 200
+    piqa_a = [1] * 80 + [0] * 120
+    piqa_b = [1] * 120 + [0] * 80
+    arc_a = [1] * 60 + [0] * 140
+    arc_b = [0] * 60 + [1] * 60 + [0] * 80  # 60 right, but other items: 60 vs 60 discordant
+    wino = [1, 0] * (n // 2)
+    for run in ("a", "b"):
+        write_run(layout, run)
+    add_suite(layout, "a", suite_result({"piqa": piqa_a, "arc_easy": arc_a, "winogrande": wino}))
+    add_suite(layout, "b", suite_result({"piqa": piqa_b, "arc_easy": arc_b, "winogrande": wino}))
+    runs = {"a": settings(1e-3) | {"run": "a"}, "b": settings(3e-3) | {"run": "b"}}
+    for r in runs.values():
+        r["evaluations"] = [*r["evaluations"], "suite"]
+    html = render(layout, runs, tmp_path)
+
+    piqa = row_text(html, "task-piqa")
+    assert "40.0% ± 3.5%" in piqa and "60.0% ± 3.5%" in piqa  # sqrt(.24/199) = 3.47%
+    assert piqa.count("▲") == 1 and "▼" not in piqa
+    arc = row_text(html, "task-arc_easy")
+    assert "30.0%" in arc and "▲" not in arc and "▼" not in arc
+    verdict = html[html.index('<ul id="verdicts">') : html.index("</ul>", html.index("verdicts"))]
+    assert "b: better than a on PIQA (p = " in verdict
+    assert "cannot tell it from a on" in verdict and "ARC-Easy" in verdict
+    # OPT's ARC-Easy is on the test split, this report's on validation; OPT's PIQA on validation
+    assert "40.0% †" in _plain(arc)
+    assert "62.0%" in piqa and "62.0% †" not in _plain(piqa)
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def test_runs_on_different_items_are_not_paired(layout: Layout, tmp_path: Path):  # noqa: F811
+    """A run scored on fewer items than the baseline: no test, no mark, no verdict."""
+    for run in ("a", "b"):
+        write_run(layout, run)
+    add_suite(layout, "a", suite_result({"piqa": [1] * 10 + [0] * 90}))
+    add_suite(layout, "b", suite_result({"piqa": [1] * 50}))
+    runs = {"a": settings(1e-3) | {"run": "a"}, "b": settings(3e-3) | {"run": "b"}}
+    html = render(layout, runs, tmp_path)
+    piqa = row_text(html, "task-piqa")
+    assert "▲" not in piqa and "p = " not in piqa
+    assert "better than a on PIQA" not in html
