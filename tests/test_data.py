@@ -176,7 +176,27 @@ def _tokenize(raw_dir, out, workers, shard_tokens=200_000, val_tokens=50_000):
     return tokenize(cfg, raw_dir / "manifest.json", str(TOKENIZER_DIR), out, workers)
 
 
-def test_tokenize_shards_follow_the_contract(raw_sample, tmp_path, fineweb_texts):
+def expected_stream(enc, texts: list[str]) -> np.ndarray:
+    """`<|endoftext|>` + the tokens of each document, in order: the shards' contract."""
+    tokens = []
+    for text in texts:
+        tokens += [EOT_ID, *enc.encode_ordinary(text)]
+    return np.array(tokens, dtype=np.uint16)
+
+
+def joined_shards(out, manifest) -> np.ndarray:
+    return np.concatenate([shards.read_shard(out / s["file"]) for s in manifest["shards"]])
+
+
+@pytest.fixture(scope="module")
+def fineweb_stream(tiktoken_gpt2, fineweb_texts) -> np.ndarray:
+    """The sample's 1000 documents as the shards must hold them, encoded by tiktoken itself."""
+    return expected_stream(tiktoken_gpt2, fineweb_texts)
+
+
+def test_tokenize_shards_follow_the_contract(raw_sample, tmp_path, fineweb_stream):
+    """Shard names, splits and sizes; joined, the shards are every document in order, as
+    tiktoken's own gpt2 encoding tokenizes it."""
     raw_dir, _ = raw_sample
     m = _tokenize(raw_dir, tmp_path / "tokens", workers=2)
     files = [s["file"] for s in m["shards"]]
@@ -185,13 +205,9 @@ def test_tokenize_shards_follow_the_contract(raw_sample, tmp_path, fineweb_texts
     assert m["shards"][0]["tokens"] == 50_000
     assert all(s["tokens"] == 200_000 for s in m["shards"][1:-1])
     # all shards together are <|endoftext|> + tokens of each document, in order
-    stream = np.concatenate([shards.read_shard(tmp_path / "tokens" / f) for f in files])
-    enc = gpt2_encoding(TOKENIZER_DIR)
-    expected = []
-    for text in fineweb_texts:
-        expected += [EOT_ID, *enc.encode_ordinary(text)]
-    np.testing.assert_array_equal(stream, np.array(expected, dtype=np.uint16))
-    assert m["tokens"]["val"] + m["tokens"]["train"] == len(expected)
+    stream = joined_shards(tmp_path / "tokens", m)
+    np.testing.assert_array_equal(stream, fineweb_stream)
+    assert m["tokens"]["val"] + m["tokens"]["train"] == len(fineweb_stream)
     assert m["documents"] == 1000
 
 
@@ -206,7 +222,7 @@ def test_tokenize_identical_for_1_and_2_workers(raw_sample, tmp_path):
         ).read_bytes()
 
 
-def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts):
+def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts, fineweb_stream):
     """A dataset too big for one job: K part jobs, then the shards cut from their streams, byte
     for byte what one job writes (the plan splits by raw file; 5 parts of 3 files: empty ones)."""
     from lmpipe.data.tokenize import tokenize_part
@@ -220,6 +236,8 @@ def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts):
     (raw / "manifest.json").write_text(json.dumps({"files": files, "rows": 1000}))
     cfg = TokenizeConfig(dataset="sample", shard_tokens=200_000, val_tokens=50_000)
     whole = tokenize(cfg, raw / "manifest.json", str(TOKENIZER_DIR), tmp_path / "one", 2)
+    # every document of every file, in order
+    np.testing.assert_array_equal(joined_shards(tmp_path / "one", whole), fineweb_stream)
     for parts in (3, 5):
         streams = [tmp_path / f"p{parts}_{i}.bin" for i in range(parts)]
         counts = [
@@ -237,16 +255,20 @@ def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts):
             ).read_bytes()
 
 
-def test_tokenize_reads_jsonl_and_replaces_old_shards(tmp_path):
+def test_tokenize_reads_jsonl_and_replaces_old_shards(tmp_path, tiktoken_gpt2):
+    """Every jsonl document (the first and the last too), in order, each `[EOT, *tokens]` as
+    tiktoken's own gpt2 encoding gives them; old shards in the output folder are gone."""
     raw = tmp_path / "raw"
     raw.mkdir()
-    docs = ["first document", "second one", "third"]
+    docs = ["first document", "second one", "  héllo <|endoftext|> wörld\n", "third"]
     (raw / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.jsonl"}], "rows": 3}))
+    (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.jsonl"}], "rows": 4}))
     out = tmp_path / "tokens"
     out.mkdir()
     (out / "stale_train_000009.bin").write_bytes(b"old")
     m = _tokenize(raw, out, workers=2, shard_tokens=4, val_tokens=3)
+    np.testing.assert_array_equal(joined_shards(out, m), expected_stream(tiktoken_gpt2, docs))
+    assert m["documents"] == 4
     assert not (out / "stale_train_000009.bin").exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [s["file"] for s in m["shards"]] + ["manifest.json"]
