@@ -115,7 +115,43 @@ def test_malformed_conversation_is_an_error_naming_it_or_skipped_and_counted(bad
     assert sum(len(rows) for rows in prepared.rows.values()) == 20
 
 
+# split_of's rule worked out by hand (hashlib, not the function): the bucket is the first 8 hex
+# digits of sha256(id as UTF-8) as an integer, mod 10000; held out when below val_percent * 100.
+PINNED_SPLITS = {
+    ("identity_0", 10): "train",  # bucket 3919
+    ("identity_1", 10): "train",  # 5916
+    ("identity_9", 10): "val",  # 765
+    ("identity_16", 10): "val",  # 716
+    ("identity_25", 10): "val",  # 522
+    ("identity_25", 5): "train",
+    ("identity_29", 10): "train",  # 1340
+    ("identity_29", 15): "val",
+    ("identity_31", 5): "val",  # 318
+    ("identity_31", 2.5): "train",
+    ("identity_35", 2.5): "val",  # 201
+    ("known", 10): "train",  # 8258
+    ("known", 90): "val",
+    ("ë-ü", 1): "val",  # 94
+}
+
+
 def test_held_out_split_is_a_fixed_hash_of_the_id(tmp_path):
+    """The same conversation is held out in every process and on every machine: split_of gives
+    the pinned answers here and in a process with another PYTHONHASHSEED (no per-process hash())."""
+    assert {k: split_of(*k) for k in PINNED_SPLITS} == PINNED_SPLITS
+    code = (
+        "import json, sys; from lmpipe.chat.data import split_of;"
+        "print(json.dumps([split_of(i, p) for i, p in json.load(sys.stdin)]))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(list(PINNED_SPLITS)),
+        env=dict(os.environ, PYTHONHASHSEED="12345"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(other.stdout) == list(PINNED_SPLITS.values())
     ids = [f"identity_{i}" for i in range(2000)]
     val = [i for i in ids if split_of(i, 10) == "val"]
     assert 150 < len(val) < 250  # ~10%
