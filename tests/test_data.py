@@ -141,6 +141,44 @@ def test_missing_shard_names_the_file(tmp_path):
         shards.read_header(tmp_path / "nope.bin")
 
 
+# ---- the training loader ----------------------------------------------------------------------
+
+
+def test_shard_loader_inputs_and_next_token_targets_are_the_shards_slices(tmp_path):
+    """Each micro-batch of each rank is x = tokens[p:p+B*T], y = tokens[p+1:p+B*T+1] of the
+    shard's tokens (read here with np.fromfile after the 1024-byte header): step s covers
+    batch_tokens consecutive tokens, micro-batch i of rank r slice i*W + r of them; a step that
+    would run past a shard's end starts the next shard, and the last wraps to the first."""
+    from lmpipe.data.loader import ShardLoader, val_batches
+
+    rng = np.random.default_rng(0)
+    files = [tmp_path / "t_train_000001.bin", tmp_path / "t_train_000002.bin"]
+    # 3 steps of 64 + 1 fit the first shard exactly; the second is 1 token short of a 3rd step
+    for path, n in zip(files, (3 * 64 + 1, 3 * 64), strict=True):
+        shards.write_shard(path, rng.integers(0, 50257, n))
+    tokens = [np.fromfile(f, dtype="<u2", offset=1024).astype(np.int64) for f in files]
+    B, T, batch_tokens = 2, 8, 64
+    for world in (1, 2):
+        micro_steps = batch_tokens // (B * T * world)
+        for rank in range(world):
+            loader = ShardLoader(files, B, T, batch_tokens, rank, world)
+            shard, pos = 0, 0
+            for _ in range(8):  # 3 steps in the first shard, 2 in the second, 3 in the first
+                if pos + batch_tokens + 1 > len(tokens[shard]):
+                    shard, pos = (shard + 1) % 2, 0
+                for i in range(micro_steps):
+                    p = pos + (i * world + rank) * B * T
+                    x, y = loader.next_batch()
+                    np.testing.assert_array_equal(x.flatten(), tokens[shard][p : p + B * T])
+                    np.testing.assert_array_equal(y.flatten(), tokens[shard][p + 1 : p + B * T + 1])
+                pos += batch_tokens
+            # validation: this rank's slices of the first val_tokens of the shard, the same way
+            for k, (x, y) in enumerate(val_batches(files[1], B, T, 64, rank, world)):
+                p = (k * world + rank) * B * T
+                np.testing.assert_array_equal(x.flatten(), tokens[1][p : p + B * T])
+                np.testing.assert_array_equal(y.flatten(), tokens[1][p + 1 : p + B * T + 1])
+
+
 # ---- download (local source) and tokenize ------------------------------------------------------
 
 
