@@ -235,6 +235,35 @@ def test_samples_deterministic(hf_dir):
     assert len(ENC.encode_ordinary(a[0]["completion"])) >= 6  # (re-tokenising may merge a few)
 
 
+class Recording(torch.nn.Module):
+    """A model that records each input it is given: generation's prefixes, step by step."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model, self.config, self.inputs = model, model.config, []
+
+    def forward(self, idx):
+        self.inputs.append(idx.clone())
+        return self.model(idx)
+
+
+@torch.no_grad()
+def test_samples_draw_every_token_from_the_top_k(hf_dir):
+    """Each sampled token is one of the k most likely after its prefix, by the model's logits
+    recomputed here prefix by prefix (a random model's are nearly flat: any other token is
+    drawn from 50257)."""
+    model, k = load_hf(hf_dir), 3
+    recording = Recording(model)
+    sample_completions(recording, ENC, 12, top_k=k, seed=0, prompts=("Hello", "The court"))
+    # a prefix followed by one 1 token longer: the next token was drawn from it
+    steps = [(a, b[0, -1]) for a, b in zip(recording.inputs, recording.inputs[1:], strict=False)
+             if b.size(1) == a.size(1) + 1 and torch.equal(b[:, :-1], a)]  # fmt: skip
+    assert len(steps) >= 2 * 10  # 12 tokens a prompt, the last not fed back (nor after an end)
+    for prefix, token in steps:
+        logits = model(prefix)[0][0, -1]
+        assert logits[token] >= logits.topk(k).values[-1], (prefix, token)
+
+
 class Scripted(torch.nn.Module):
     """A 'model' whose next token is fixed: `script[i]` at the i-th generated position."""
 
