@@ -333,25 +333,41 @@ def test_tokenize_missing_text_column_is_named(tmp_path):
 
 
 def test_hub_download_resumes_and_never_counts_a_partial_file(tmp_path, monkeypatch, caplog):
-    """An interrupted download leaves no manifest; the retry completes it; HF_TOKEN never shows."""
+    """An interrupted download leaves no manifest (not even an earlier one); the retry completes
+    it, and the manifest lists exactly the files asked for, each with the hub's whole bytes
+    (size, sha256, rows): never a partial file, not even one left by an older download.
+    HF_TOKEN never shows."""
+    import hashlib
+
     import huggingface_hub
 
     from lmpipe.data import download
 
-    table = pq.read_table(RESOURCES / "fineweb_sample.parquet").slice(0, 20)
     names = ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
-    calls = {"n": 0}
+    table = pq.read_table(RESOURCES / "fineweb_sample.parquet")
+    hub = {}  # the hub's files: different rows in each
+    for i, name in enumerate(names):
+        buf = pa.BufferOutputStream()
+        pq.write_table(table.slice(20 * i, 20), buf)
+        hub[name] = buf.getvalue().to_pybytes()
+    breaks = {names[1]}  # the 2nd file breaks off halfway, the first time
 
     def fake_hf_hub_download(repo_id, filename, repo_type, revision, local_dir):
-        # like huggingface_hub: write `<file>.incomplete`, rename when complete
+        """huggingface_hub's contract: a complete file is returned as it is; a download goes to
+        `<file>.incomplete`, resumes from the bytes there, and is renamed when complete."""
         assert repo_id == "HuggingFaceFW/fineweb" and repo_type == "dataset"
-        calls["n"] += 1
         dest = local_dir / filename
-        dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".incomplete")
-        pq.write_table(table, partial)
-        if calls["n"] == 2:
-            raise ConnectionError("connection reset")  # the 2nd file breaks off the first time
+        if dest.exists():
+            return str(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        data = hub[filename]
+        have = partial.read_bytes() if partial.exists() else b""
+        if filename in breaks:
+            breaks.discard(filename)
+            partial.write_bytes(data[: len(data) // 2])
+            raise ConnectionError("connection reset")
+        partial.write_bytes(have + data[len(have) :])
         partial.rename(dest)
         return str(dest)
 
@@ -360,15 +376,25 @@ def test_hub_download_resumes_and_never_counts_a_partial_file(tmp_path, monkeypa
     monkeypatch.setenv("HF_TOKEN", "hf_SECRETSECRET")
     cfg = SourceConfig(source="huggingface", repo="HuggingFaceFW/fineweb", name="sample-10BT")
     out = tmp_path / "raw"
+    # an earlier download: its manifest, and a partial file of one it no longer asks for
+    (out / "sample/10BT").mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"files": [{"file": "old.parquet"}]}))
+    (out / "sample/10BT/002_00000.parquet.incomplete").write_bytes(hub[names[0]][:100])
     caplog.set_level("INFO")
 
     with pytest.raises(ConnectionError):
         download_dataset(cfg, out)
-    assert not (out / "manifest.json").exists()
+    assert not (out / "manifest.json").exists()  # incomplete: no manifest, not the old one
+    assert (out / f"{names[1]}.incomplete").exists()  # kept: the retry resumes it
 
     manifest = download_dataset(cfg, out)
     assert [f["file"] for f in manifest["files"]] == names
-    assert manifest["rows"] == 40
+    for entry in manifest["files"]:
+        data = hub[entry["file"]]
+        assert entry["bytes"] == len(data) and entry["rows"] == 20, entry
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest(), entry
+    assert manifest["rows"] == 40 and manifest["bytes"] == sum(map(len, hub.values()))
+    assert json.loads((out / "manifest.json").read_text()) == manifest
     text = (out / "manifest.json").read_text() + caplog.text
     assert "SECRET" not in text and "HF_TOKEN is set" in caplog.text
 
