@@ -141,6 +141,41 @@ def test_missing_shard_names_the_file(tmp_path):
         shards.read_header(tmp_path / "nope.bin")
 
 
+# ---- the training loader ----------------------------------------------------------------------
+
+
+def test_shard_loader_inputs_and_next_token_targets_are_the_shards_slices(tmp_path):
+    """Each micro-batch of each rank is x = tokens[p:p+B*T], y = tokens[p+1:p+B*T+1] of the
+    shard's tokens (read here with np.fromfile after the 1024-byte header): step s covers
+    batch_tokens consecutive tokens, micro-batch i of rank r slice i*W + r of them; a step that
+    would run past a shard's end starts the next shard, and the last wraps to the first."""
+    from lmpipe.data.loader import ShardLoader, val_batches
+
+    rng = np.random.default_rng(0)
+    files = [tmp_path / "t_train_000001.bin", tmp_path / "t_train_000002.bin"]
+    # 3 steps of 64 + 1 fit the first shard exactly; the second is 1 token short of a 3rd step
+    for path, n in zip(files, (3 * 64 + 1, 3 * 64), strict=True):
+        shards.write_shard(path, rng.integers(0, 50257, n))
+    tokens = [np.fromfile(f, dtype="<u2", offset=1024).astype(np.int64) for f in files]
+    B, T, batch_tokens = 2, 8, 64
+    for world in (1, 2):
+        micro_steps = batch_tokens // (B * T * world)
+        for rank in range(world):
+            loader = ShardLoader(files, B, T, batch_tokens, rank, world)
+            # (shard, first token) of each step: 3 in the first shard, 2 in the second, wrap
+            for shard, pos in [(0, 0), (0, 64), (0, 128), (1, 0), (1, 64), (0, 0), (0, 64)]:
+                for i in range(micro_steps):
+                    p = pos + (i * world + rank) * B * T
+                    x, y = loader.next_batch()
+                    np.testing.assert_array_equal(x.flatten(), tokens[shard][p : p + B * T])
+                    np.testing.assert_array_equal(y.flatten(), tokens[shard][p + 1 : p + B * T + 1])
+            # validation: this rank's slices of the first val_tokens of the shard, the same way
+            for k, (x, y) in enumerate(val_batches(files[1], B, T, 64, rank, world)):
+                p = (k * world + rank) * B * T
+                np.testing.assert_array_equal(x.flatten(), tokens[1][p : p + B * T])
+                np.testing.assert_array_equal(y.flatten(), tokens[1][p + 1 : p + B * T + 1])
+
+
 # ---- download (local source) and tokenize ------------------------------------------------------
 
 
@@ -176,7 +211,27 @@ def _tokenize(raw_dir, out, workers, shard_tokens=200_000, val_tokens=50_000):
     return tokenize(cfg, raw_dir / "manifest.json", str(TOKENIZER_DIR), out, workers)
 
 
-def test_tokenize_shards_follow_the_contract(raw_sample, tmp_path, fineweb_texts):
+def expected_stream(enc, texts: list[str]) -> np.ndarray:
+    """`<|endoftext|>` + the tokens of each document, in order: the shards' contract."""
+    tokens = []
+    for text in texts:
+        tokens += [EOT_ID, *enc.encode_ordinary(text)]
+    return np.array(tokens, dtype=np.uint16)
+
+
+def joined_shards(out, manifest) -> np.ndarray:
+    return np.concatenate([shards.read_shard(out / s["file"]) for s in manifest["shards"]])
+
+
+@pytest.fixture(scope="module")
+def fineweb_stream(tiktoken_gpt2, fineweb_texts) -> np.ndarray:
+    """The sample's 1000 documents as the shards must hold them, encoded by tiktoken itself."""
+    return expected_stream(tiktoken_gpt2, fineweb_texts)
+
+
+def test_tokenize_shards_follow_the_contract(raw_sample, tmp_path, fineweb_stream):
+    """Shard names, splits and sizes; joined, the shards are every document in order, as
+    tiktoken's own gpt2 encoding tokenizes it."""
     raw_dir, _ = raw_sample
     m = _tokenize(raw_dir, tmp_path / "tokens", workers=2)
     files = [s["file"] for s in m["shards"]]
@@ -185,13 +240,9 @@ def test_tokenize_shards_follow_the_contract(raw_sample, tmp_path, fineweb_texts
     assert m["shards"][0]["tokens"] == 50_000
     assert all(s["tokens"] == 200_000 for s in m["shards"][1:-1])
     # all shards together are <|endoftext|> + tokens of each document, in order
-    stream = np.concatenate([shards.read_shard(tmp_path / "tokens" / f) for f in files])
-    enc = gpt2_encoding(TOKENIZER_DIR)
-    expected = []
-    for text in fineweb_texts:
-        expected += [EOT_ID, *enc.encode_ordinary(text)]
-    np.testing.assert_array_equal(stream, np.array(expected, dtype=np.uint16))
-    assert m["tokens"]["val"] + m["tokens"]["train"] == len(expected)
+    stream = joined_shards(tmp_path / "tokens", m)
+    np.testing.assert_array_equal(stream, fineweb_stream)
+    assert m["tokens"]["val"] + m["tokens"]["train"] == len(fineweb_stream)
     assert m["documents"] == 1000
 
 
@@ -206,7 +257,7 @@ def test_tokenize_identical_for_1_and_2_workers(raw_sample, tmp_path):
         ).read_bytes()
 
 
-def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts):
+def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts, fineweb_stream):
     """A dataset too big for one job: K part jobs, then the shards cut from their streams, byte
     for byte what one job writes (the plan splits by raw file; 5 parts of 3 files: empty ones)."""
     from lmpipe.data.tokenize import tokenize_part
@@ -220,6 +271,8 @@ def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts):
     (raw / "manifest.json").write_text(json.dumps({"files": files, "rows": 1000}))
     cfg = TokenizeConfig(dataset="sample", shard_tokens=200_000, val_tokens=50_000)
     whole = tokenize(cfg, raw / "manifest.json", str(TOKENIZER_DIR), tmp_path / "one", 2)
+    # every document of every file, in order
+    np.testing.assert_array_equal(joined_shards(tmp_path / "one", whole), fineweb_stream)
     for parts in (3, 5):
         streams = [tmp_path / f"p{parts}_{i}.bin" for i in range(parts)]
         counts = [
@@ -237,16 +290,20 @@ def test_tokenize_in_parts_writes_the_same_shards(tmp_path, fineweb_texts):
             ).read_bytes()
 
 
-def test_tokenize_reads_jsonl_and_replaces_old_shards(tmp_path):
+def test_tokenize_reads_jsonl_and_replaces_old_shards(tmp_path, tiktoken_gpt2):
+    """Every jsonl document (the first and the last too), in order, each `[EOT, *tokens]` as
+    tiktoken's own gpt2 encoding gives them; old shards in the output folder are gone."""
     raw = tmp_path / "raw"
     raw.mkdir()
-    docs = ["first document", "second one", "third"]
+    docs = ["first document", "second one", "  héllo <|endoftext|> wörld\n", "third"]
     (raw / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.jsonl"}], "rows": 3}))
+    (raw / "manifest.json").write_text(json.dumps({"files": [{"file": "d.jsonl"}], "rows": 4}))
     out = tmp_path / "tokens"
     out.mkdir()
     (out / "stale_train_000009.bin").write_bytes(b"old")
     m = _tokenize(raw, out, workers=2, shard_tokens=4, val_tokens=3)
+    np.testing.assert_array_equal(joined_shards(out, m), expected_stream(tiktoken_gpt2, docs))
+    assert m["documents"] == 4
     assert not (out / "stale_train_000009.bin").exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [s["file"] for s in m["shards"]] + ["manifest.json"]
@@ -276,25 +333,41 @@ def test_tokenize_missing_text_column_is_named(tmp_path):
 
 
 def test_hub_download_resumes_and_never_counts_a_partial_file(tmp_path, monkeypatch, caplog):
-    """An interrupted download leaves no manifest; the retry completes it; HF_TOKEN never shows."""
+    """An interrupted download leaves no manifest (not even an earlier one); the retry completes
+    it, and the manifest lists exactly the files asked for, each with the hub's whole bytes
+    (size, sha256, rows): never a partial file, not even one left by an older download.
+    HF_TOKEN never shows."""
+    import hashlib
+
     import huggingface_hub
 
     from lmpipe.data import download
 
-    table = pq.read_table(RESOURCES / "fineweb_sample.parquet").slice(0, 20)
     names = ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
-    calls = {"n": 0}
+    table = pq.read_table(RESOURCES / "fineweb_sample.parquet")
+    hub = {}  # the hub's files: different rows in each
+    for i, name in enumerate(names):
+        buf = pa.BufferOutputStream()
+        pq.write_table(table.slice(20 * i, 20), buf)
+        hub[name] = buf.getvalue().to_pybytes()
+    breaks = {names[1]}  # the 2nd file breaks off halfway, the first time
 
     def fake_hf_hub_download(repo_id, filename, repo_type, revision, local_dir):
-        # like huggingface_hub: write `<file>.incomplete`, rename when complete
+        """huggingface_hub's contract: a complete file is returned as it is; a download goes to
+        `<file>.incomplete`, resumes from the bytes there, and is renamed when complete."""
         assert repo_id == "HuggingFaceFW/fineweb" and repo_type == "dataset"
-        calls["n"] += 1
         dest = local_dir / filename
-        dest.parent.mkdir(parents=True, exist_ok=True)
         partial = dest.with_name(dest.name + ".incomplete")
-        pq.write_table(table, partial)
-        if calls["n"] == 2:
-            raise ConnectionError("connection reset")  # the 2nd file breaks off the first time
+        if dest.exists():
+            return str(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        data = hub[filename]
+        have = partial.read_bytes() if partial.exists() else b""
+        if filename in breaks:
+            breaks.discard(filename)
+            partial.write_bytes(data[: len(data) // 2])
+            raise ConnectionError("connection reset")
+        partial.write_bytes(have + data[len(have) :])
         partial.rename(dest)
         return str(dest)
 
@@ -303,15 +376,25 @@ def test_hub_download_resumes_and_never_counts_a_partial_file(tmp_path, monkeypa
     monkeypatch.setenv("HF_TOKEN", "hf_SECRETSECRET")
     cfg = SourceConfig(source="huggingface", repo="HuggingFaceFW/fineweb", name="sample-10BT")
     out = tmp_path / "raw"
+    # an earlier download: its manifest, and a partial file of one it no longer asks for
+    (out / "sample/10BT").mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"files": [{"file": "old.parquet"}]}))
+    (out / "sample/10BT/002_00000.parquet.incomplete").write_bytes(hub[names[0]][:100])
     caplog.set_level("INFO")
 
     with pytest.raises(ConnectionError):
         download_dataset(cfg, out)
-    assert not (out / "manifest.json").exists()
+    assert not (out / "manifest.json").exists()  # incomplete: no manifest, not the old one
+    assert (out / f"{names[1]}.incomplete").exists()  # kept: the retry resumes it
 
     manifest = download_dataset(cfg, out)
     assert [f["file"] for f in manifest["files"]] == names
-    assert manifest["rows"] == 40
+    for entry in manifest["files"]:
+        data = hub[entry["file"]]
+        assert entry["bytes"] == len(data) and entry["rows"] == 20, entry
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest(), entry
+    assert manifest["rows"] == 40 and manifest["bytes"] == sum(map(len, hub.values()))
+    assert json.loads((out / "manifest.json").read_text()) == manifest
     text = (out / "manifest.json").read_text() + caplog.text
     assert "SECRET" not in text and "HF_TOKEN is set" in caplog.text
 

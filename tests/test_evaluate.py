@@ -235,6 +235,35 @@ def test_samples_deterministic(hf_dir):
     assert len(ENC.encode_ordinary(a[0]["completion"])) >= 6  # (re-tokenising may merge a few)
 
 
+class Recording(torch.nn.Module):
+    """A model that records each input it is given: generation's prefixes, step by step."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model, self.config, self.inputs = model, model.config, []
+
+    def forward(self, idx):
+        self.inputs.append(idx.clone())
+        return self.model(idx)
+
+
+@torch.no_grad()
+def test_samples_draw_every_token_from_the_top_k(hf_dir):
+    """Each sampled token is one of the k most likely after its prefix, by the model's logits
+    recomputed here prefix by prefix (a random model's are nearly flat: any other token is
+    drawn from 50257)."""
+    model, k = load_hf(hf_dir), 3
+    recording = Recording(model)
+    sample_completions(recording, ENC, 12, top_k=k, seed=0, prompts=("Hello", "The court"))
+    # a prefix followed by one 1 token longer: the next token was drawn from it
+    steps = [(a, b[0, -1]) for a, b in zip(recording.inputs, recording.inputs[1:], strict=False)
+             if b.size(1) == a.size(1) + 1 and torch.equal(b[:, :-1], a)]  # fmt: skip
+    assert len(steps) >= 2 * 10  # 12 tokens a prompt, the last not fed back (nor after an end)
+    for prefix, token in steps:
+        logits = model(prefix)[0][0, -1]
+        assert logits[token] >= logits.topk(k).values[-1], (prefix, token)
+
+
 class Scripted(torch.nn.Module):
     """A 'model' whose next token is fixed: `script[i]` at the i-th generated position."""
 
@@ -270,7 +299,9 @@ def test_samples_end_at_the_first_end_of_text():
 
 
 def test_cli_results(hf_dir, tmp_path):
-    manifest, _ = write_tokens(tmp_path)
+    """The CLIs the evaluate rule runs: each writes its result file, with the figures a plain
+    forward of the model gives (val loss, HellaSwag acc and acc_norm item by item)."""
+    manifest, tokens = write_tokens(tmp_path)
     settings = {
         "val_loss": {"tokens": 512, "batch": 8},
         "hellaswag": {"file": "embedded", "items": 12, "batch": 16, "lm_eval": True},
@@ -285,11 +316,27 @@ def test_cli_results(hf_dir, tmp_path):
         cmd = [sys.executable, "-m", "lmpipe.eval", name, "--config-json", cfg]
         cmd += ["--model", str(hf_dir), *extra, "--out", str(tmp_path / out)]
         subprocess.run(cmd, check=True)
+    model = load_hf(hf_dir)
     loss = json.loads((tmp_path / "l.json").read_text())
     assert loss["metric"] == "fineweb_val_loss" and loss["tokens"] == 512
-    assert 9 < loss["value"] < 12  # a random GPT-2: about ln(50257) = 10.8
+    t = torch.from_numpy(tokens[:513].astype(np.int64))
+    with torch.no_grad():  # 512 tokens: 4 sequences of block_size 128, one plain forward
+        _, expected = model(t[:-1].view(4, 128), t[1:].view(4, 128))
+    assert loss["value"] == pytest.approx(expected.item(), rel=1e-5)
     hs = json.loads((tmp_path / "h.json").read_text())
-    assert hs["items"] == 12 and hs["value"] == hs["acc_norm"] and 0 <= hs["acc"] <= 1
+    # llm.c's scoring, item by item, with a plain forward: the ending of the highest summed
+    # log-probability (acc), of the highest mean per ending token (acc_norm)
+    right, right_norm = [], []
+    with torch.no_grad():
+        for item in hellaswag.load_items(ITEMS, 12):
+            ctx = ENC.encode_ordinary(item["ctx"])
+            endings = [ENC.encode_ordinary(" " + e) for e in item["endings"]]
+            logp = np.array([naive_logprob(model, ctx, e) for e in endings])
+            right.append(int(np.argmax(logp)) == item["label"])
+            right_norm.append(int(np.argmax(logp / [len(e) for e in endings])) == item["label"])
+    assert hs["items"] == 12 and hs["value"] == hs["acc_norm"]
+    assert hs["acc"] == pytest.approx(np.mean(right))
+    assert hs["acc_norm"] == pytest.approx(np.mean(right_norm))
     assert (
         hs["produced_by"]["scoring"] == "llmc" and hs["produced_by"]["checkpoint"]["run"] == "test"
     )

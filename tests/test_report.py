@@ -49,8 +49,15 @@ def write_run(
     loss0: float = 10.0,
     finished: bool = True,
     hellaswag_curve: bool = False,
+    val_loss: float = 5.4321,
+    hellaswag: float = 0.2717,
+    lm_eval: tuple[float, float] = (0.2813, 0.2505),  # acc_norm, acc
+    tokens_per_s: float = 1000.0,
+    mfu: float = 0.02,
+    gpu_hours: float = 0.5,
 ) -> None:
-    """A run folder as train + evaluate write it; `finished=False` stops halfway, no final/."""
+    """A run folder as train + evaluate write it; `finished=False` stops halfway, no final/.
+    The figures the headline shows are arguments, so that runs can differ in each."""
     train = Path(layout.train_dir(name))
     train.mkdir(parents=True)
     done = steps if finished else steps // 2
@@ -65,8 +72,8 @@ def write_run(
                 "loss": loss,
                 "lr": 1e-3 * min(1, (step + 1) / 5),
                 "grad_norm": 1.0,
-                "tokens_per_s": 1000.0 if step else 10.0,  # the first step is slow (warm-up)
-                "mfu": 0.02,
+                "tokens_per_s": tokens_per_s if step else 10.0,  # the first step is slow
+                "mfu": mfu,
                 "wall_s": 4.0 * (step + 1),
             }
         )
@@ -105,7 +112,7 @@ def write_run(
         "tokens": steps * 4096,
         "world_size": 2,
         "wall_s": 4.0 * steps,
-        "gpu_hours": 0.5,
+        "gpu_hours": gpu_hours,
         "settings_hash": f"hash-{name}",
     }
     (final / "meta.json").write_text(json.dumps(meta))
@@ -117,15 +124,16 @@ def write_run(
         "checkpoint": {"step": steps, "settings_hash": f"hash-{name}", "train": {"lr": 1}},
     }
     results = {
-        "val_loss": {"metric": "val_loss", "value": 5.4321, "tokens": 32768},
-        "hellaswag": {"metric": "hellaswag", "value": 0.2717, "acc": 0.26, "acc_norm": 0.2717},
-        "hellaswag_lm_eval": {"metric": "hellaswag", "value": 0.2813, "acc": 0.2505},
+        "val_loss": {"metric": "val_loss", "value": val_loss, "tokens": 32768},
+        "hellaswag": {"metric": "hellaswag", "value": hellaswag, "acc": 0.26},
+        "hellaswag_lm_eval": {"metric": "hellaswag", "value": lm_eval[0], "acc": lm_eval[1]},
         "samples": {
             "metric": "samples",
             "samples": [{"prompt": "Hello, I'm a language model,", "completion": " <b>bold</b>"}],
         },
     }
-    results["hellaswag_lm_eval"]["acc_norm"] = 0.2813
+    results["hellaswag"]["acc_norm"] = hellaswag
+    results["hellaswag_lm_eval"]["acc_norm"] = lm_eval[0]
     for metric, data in results.items():
         data.setdefault("items", 100)
         (ev / f"{metric}.json").write_text(json.dumps(data | {"produced_by": produced}))
@@ -201,20 +209,45 @@ def row_text(html: str, row_id: str) -> str:
 
 
 def test_headline_has_every_runs_metrics(layout: Layout, tmp_path: Path) -> None:
+    """Each run's row holds that run's own figures (every headline column differs between the
+    two runs), and none of the other's."""
     write_run(layout, "a")
-    write_run(layout, "b", loss0=8.0)
+    write_run(layout, "b", steps=30, val_loss=4.9876, hellaswag=0.3141, lm_eval=(0.3355, 0.3027),
+              tokens_per_s=2500.0, mfu=0.035, gpu_hours=0.75)  # fmt: skip
     html = render(layout, {"a": settings(3e-3), "b": settings(1e-3)}, tmp_path, price=2.0)
-    row = row_text(html, "headline-a")
-    assert "finished" in row
-    assert "5.4321" in row  # FineWeb val loss from eval/val_loss.json
-    assert "27.17%" in row  # HellaSwag acc_norm, llm.c scoring
-    assert "28.13%" in row and "25.05%" in row  # lm-eval acc_norm and acc
-    assert "81.9K" in row  # 20 steps * 4096 tokens
-    assert "1:20" in row or "80.0 s" in row  # wall time
-    assert "0.50" in row and "$1.00" in row  # GPU-hours and cost at $2/GPU-hour
-    assert " 1,000 " in row  # mean tokens/s leaves out the slow first step
-    assert "2.0%" in row  # MFU
-    assert "headline-b" in html
+    expected = {  # worked out by hand from what write_run wrote
+        "a": {
+            "val loss (eval/val_loss.json)": "5.4321",
+            "HellaSwag acc_norm, llm.c scoring": "27.17%",
+            "lm-eval acc_norm": "28.13%",
+            "lm-eval acc": "25.05%",
+            "tokens: 20 steps * 4096": "81.9K",
+            "wall time: 20 steps * 4 s": "80.0 s",
+            "GPU-hours": "0.50",
+            "cost at $2/GPU-hour": "$1.00",
+            "mean tokens/s, the slow first step left out": " 1,000 ",
+            "MFU": "2.0%",
+        },
+        "b": {
+            "val loss (eval/val_loss.json)": "4.9876",
+            "HellaSwag acc_norm, llm.c scoring": "31.41%",
+            "lm-eval acc_norm": "33.55%",
+            "lm-eval acc": "30.27%",
+            "tokens: 30 steps * 4096": "123K",
+            "wall time: 30 steps * 4 s": "2.0 min",
+            "GPU-hours": "0.75",
+            "cost at $2/GPU-hour": "$1.50",
+            "mean tokens/s, the slow first step left out": " 2,500 ",
+            "MFU": "3.5%",
+        },
+    }
+    rows = {run: row_text(html, f"headline-{run}") for run in expected}
+    for run, figures in expected.items():
+        assert "finished" in rows[run]
+        other = rows["b" if run == "a" else "a"]
+        for what, text in figures.items():
+            assert text in rows[run], (run, what, text, rows[run])
+            assert text not in other, (run, what, text, other)
     # the references sit beside the runs, marked as such
     # (those with a figure of a headline column: OPT's suite figures sit in the task table)
     columns = {"val_loss", "hellaswag", "hellaswag_lm_eval", "hellaswag_lm_eval_acc"}

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +117,43 @@ def test_malformed_conversation_is_an_error_naming_it_or_skipped_and_counted(bad
     assert sum(len(rows) for rows in prepared.rows.values()) == 20
 
 
+# split_of's rule worked out by hand (hashlib, not the function): the bucket is the first 8 hex
+# digits of sha256(id as UTF-8) as an integer, mod 10000; held out when below val_percent * 100.
+PINNED_SPLITS = {
+    ("identity_0", 10): "train",  # bucket 3919
+    ("identity_1", 10): "train",  # 5916
+    ("identity_9", 10): "val",  # 765
+    ("identity_16", 10): "val",  # 716
+    ("identity_25", 10): "val",  # 522
+    ("identity_25", 5): "train",
+    ("identity_29", 10): "train",  # 1340
+    ("identity_29", 15): "val",
+    ("identity_31", 5): "val",  # 318
+    ("identity_31", 2.5): "train",
+    ("identity_35", 2.5): "val",  # 201
+    ("known", 10): "train",  # 8258
+    ("known", 90): "val",
+    ("ë-ü", 1): "val",  # 94
+}
+
+
 def test_held_out_split_is_a_fixed_hash_of_the_id(tmp_path):
+    """The same conversation is held out in every process and on every machine: split_of gives
+    the pinned answers here and in a process with another PYTHONHASHSEED (no per-process hash())."""
+    assert {k: split_of(*k) for k in PINNED_SPLITS} == PINNED_SPLITS
+    code = (
+        "import json, sys; from lmpipe.chat.data import split_of;"
+        "print(json.dumps([split_of(i, p) for i, p in json.load(sys.stdin)]))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(list(PINNED_SPLITS)),
+        env=dict(os.environ, PYTHONHASHSEED="12345"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(other.stdout) == list(PINNED_SPLITS.values())
     ids = [f"identity_{i}" for i in range(2000)]
     val = [i for i in ids if split_of(i, 10) == "val"]
     assert 150 < len(val) < 250  # ~10%
@@ -198,9 +236,10 @@ def sft_data(tmp_path_factory) -> Path:
     return out / "manifest.json"
 
 
-def sft_command(data: Path, base: Path, out: Path) -> list[str]:
+def sft_command(data: Path, base: Path, out: Path, procs: int = 2, batch_tokens: int = 512):
+    """The fine-tuning worker's command: through the launcher (torchrun), or one process."""
     train = {
-        "seq_len": 64, "micro_batch": 4, "batch_tokens": 512, "max_steps": 0, "seed": 1337,
+        "seq_len": 64, "micro_batch": 4, "batch_tokens": batch_tokens, "max_steps": 0, "seed": 1337,
         "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "betas": [0.9, 0.95],
                       "eps": 1e-8, "fused": False},
         "schedule": {"warmup_steps": 0, "lr_floor": 0.0}, "grad_clip": 1.0, "val_every": 4,
@@ -212,10 +251,12 @@ def sft_command(data: Path, base: Path, out: Path) -> list[str]:
         "sft": {"epochs": 1, "warmup_ratio": 0.04},
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_size": 50257,
                   "padded_vocab_size": 50304, "arch": "gpt2"},
-        "launch": {"device": "cpu", "nodes": 1, "procs_per_node": 2, "peak_flops": 1e12},
+        "launch": {"device": "cpu", "nodes": 1, "procs_per_node": procs, "peak_flops": 1e12},
         "base": {"hf": str(base)},
     }  # fmt: skip
     args = ["--config-json", json.dumps(cfg), "--data", str(data), "--init", str(base)]
+    if procs == 1:
+        return [sys.executable, "-m", "lmpipe.chat.finetune", *args, "--out", str(out)]
     worker = ["--worker", "lmpipe.chat.finetune"]
     return [sys.executable, "-m", "lmpipe.train", *worker, *args, "--out", str(out)]
 
@@ -229,6 +270,54 @@ def final_state(out: Path) -> dict[str, torch.Tensor]:
 def train_losses(out: Path) -> list[float]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["loss"] for line in lines if '"loss"' in line]
+
+
+def test_sft_starts_from_the_init_weights(tmp_path):
+    """A one-step fine-tuning run from a distinctive base (a final checkpoint, as the chat rule's
+    --init, with weights ~ N(0, 1): far from any init): its first held-out loss and its first
+    training loss (step 1's, measured before the update) are the base's own losses on the same
+    rows, computed here with the base model."""
+    from lmpipe.chat.finetune import main as finetune_main
+
+    records = json.loads((RESOURCES / "dummy_conversation.json").read_text())
+    records = [r for r in records if r["id"] in ("identity_0", "identity_1", "identity_2",
+                                                  "identity_3", "identity_9")]  # fmt: skip
+    cfg = data_config(seq_len=64)  # identity_9 is held out (PINNED_SPLITS), the rest train
+    write(prepare(records, cfg, ENC), cfg, tmp_path / "sft")
+    data = tmp_path / "sft" / "manifest.json"
+    assert json.loads(data.read_text())["kept"] == {"train": 4, "val": 1}  # 1 step of 4 rows
+
+    torch.manual_seed(5)
+    base = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
+    with torch.no_grad():
+        for p in base.parameters():
+            p.normal_(0.0, 1.0)
+    init, out = tmp_path / "base" / "final", tmp_path / "out"
+    argv = sft_command(data, init, out, procs=1, batch_tokens=256)[3:]  # the worker's arguments
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"model": base.state_dict()}, checkpoint_id=init)
+    meta = {"run": "base", "model": json.loads(argv[1])["model"], "train": {},
+            "settings_hash": "b", "step": 9, "tokens": 0, "world_size": 1}  # fmt: skip
+    (init / "meta.json").write_text(json.dumps(meta))
+
+    @torch.no_grad()
+    def base_loss(split: str) -> float:  # all the split's rows: the order does not matter
+        x, y = (torch.from_numpy(a).long() for a in load_split(data, split))
+        return base(x, y)[1].item()
+
+    assert abs(base_loss("train") - 10.8) > 1  # not what a fresh init gives (~ln(50257))
+    # the worker's own entry point, in this process (a one-rank group; no torch start-up to pay)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        assert finetune_main(argv) == 0
+    finally:
+        for sig, handler in handlers.items():  # the worker's stop flag takes both
+            signal.signal(sig, handler)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["step"] == 0 and records[1]["step"] == 1
+    assert records[0]["val_loss"] == pytest.approx(base_loss("val"), rel=1e-5)
+    assert records[1]["loss"] == pytest.approx(base_loss("train"), rel=1e-5)
 
 
 @pytest.mark.slow

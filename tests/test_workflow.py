@@ -37,18 +37,30 @@ def test_plans_the_full_124m_dag_offline(workdir):
         )
 
 
-def test_invalid_config_stops_before_any_job(workdir, tmp_path):
+def test_invalid_config_stops_before_any_job(tmp_path):
+    """A misspelt key stops a real run (no -n) with one line naming its YAML path, the key and
+    the nearest one, and no job starts: nothing under results/, no job in Snakemake's log. The
+    target is the cheapest job (copying the embedded data), so a run that goes on fails fast."""
+    workdir = make_workdir(tmp_path / "wf")  # its own copy: no other test's results/
     bad = tmp_path / "bad.yaml"
     text = (workdir / "config" / "config.yaml").read_text()
+    assert text.count("max_steps: 19073") == 1
     bad.write_text(text.replace("max_steps: 19073", "max_step: 19073"))
-    proc = snakemake(workdir, "--cores", "1", "--configfile", str(bad), check=False)
+    target = "results/data/embedded/raw/manifest.json"
+    proc = snakemake(workdir, target, "--cores", "1", "--configfile", str(bad), check=False,
+                     timeout=120)  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    # one line naming the path, the key and the nearest one; not the schema
-    line = "runs.124m.train: unknown key 'max_step' (did you mean 'max_steps'?)"
-    assert line in out, out
+    line = (
+        "runs.124m.train: unknown key 'max_step' (did you mean 'max_steps'?)"
+        "  [python -m lmpipe.schema --print shows every key]"
+    )
+    assert line in out.splitlines(), out
     assert "ConfigError" in out and "additionalProperties" not in out and len(out) < 1500, out
-    assert not (workdir / "results").exists()  # no job ran
+    assert not (workdir / "results").exists(), out  # no output, no job log
+    log = "".join(f.read_text() for f in (workdir / ".snakemake" / "log").glob("*.log"))
+    assert line in log.splitlines()  # the run's own log: the error and no job
+    assert not re.search(r"^(local)?rule |^Finished job|^Select jobs", log, re.M), log
 
 
 def test_data_stages_run_for_real_then_nothing_to_do(workdir):
