@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
+import transformers  # a dependency of lmpipe: no test here skips without it
 
 from lmpipe.config import named_models
 from lmpipe.models.gpt2.model import GPT, GPTConfig
-
-transformers = pytest.importorskip("transformers")
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64)
 
