@@ -29,7 +29,8 @@ from lmpipe.train.pretrain import pretraining
 @pytest.fixture(scope="module")
 def gpt2() -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
+    return build_model(ModelConfig(**shape, vocab_size=256, padded_vocab_size=256))
 
 
 def test_weight_decay_groups_are_the_2d_weights_and_the_rest(gpt2):
