@@ -107,6 +107,7 @@ def test_a_malformed_tokens_manifest_is_named(tmp_path, text, says):
 
 
 def test_a_missing_tokens_manifest_is_named(tmp_path):
+    """No manifest.json: the path is in the error."""
     with raises(FileNotFoundError, str(tmp_path / "manifest.json")):
         shard_files(tmp_path / "manifest.json", "train")
 
@@ -143,6 +144,7 @@ def test_a_malformed_conversations_file_names_file_and_line(tmp_path, text, says
 
 
 def test_a_conversations_file_that_is_not_utf8_is_named(tmp_path):
+    """A conversations file in another encoding: the file and the byte, not a bare decode error."""
     path = tmp_path / "chat.json"
     path.write_bytes(b'[{"id": "caf\xe9"}]')  # Latin-1, not UTF-8
     with raises(ValueError, f"{path}: not UTF-8 text", "at byte 12"):
@@ -150,6 +152,7 @@ def test_a_conversations_file_that_is_not_utf8_is_named(tmp_path):
 
 
 def test_a_missing_conversations_file_names_the_setting(tmp_path):
+    """A conversations path that does not exist: the setting and the path are named."""
     with raises(FileNotFoundError, "datasets.chat.path:", str(tmp_path / "nope.json")):
         conversations(tmp_path / "nope.json")
 
@@ -222,6 +225,7 @@ def test_broken_prepared_rows_are_named(sft, break_it, file, says):
 
 
 def test_a_missing_array_is_named(sft):
+    """An array the manifest lists but the folder lacks: its path is in the error."""
     (sft.parent / "train_targets.npy").unlink()
     with raises(FileNotFoundError, str(sft.parent / "train_targets.npy")):
         load_split(sft, "train")
@@ -262,6 +266,7 @@ def test_a_malformed_hellaswag_file_names_file_and_line(tmp_path, data, says):
 
 
 def test_a_missing_hellaswag_file_is_named(tmp_path):
+    """No HellaSwag file: a HellaSwagError naming it."""
     with raises(HellaSwagError, f"{tmp_path / 'val.jsonl'}: HellaSwag file not found"):
         load_items(tmp_path / "val.jsonl")
 
@@ -298,5 +303,6 @@ def test_a_broken_llmc_checkpoint_is_named(llmc_bin, break_it, says):
 
 
 def test_a_missing_llmc_checkpoint_is_named(tmp_path):
+    """No .bin: the path is in the error."""
     with raises(FileNotFoundError, str(tmp_path / "model.bin")):
         read_llmc(tmp_path / "model.bin")
