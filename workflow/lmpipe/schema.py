@@ -218,8 +218,15 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
                 f"runs: base run {b!r} is fine-tuned on several conversation datasets"
                 f" {sorted(datasets)}; its chat evaluations support one"
             )
-    elif not base.get("dataset") or is_conversations(config, base["dataset"]):
-        raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
+    else:
+        text = base.get("dataset")
+        if text and text not in config["datasets"]:
+            raise ConfigError(
+                f"{where}.base.dataset: unknown dataset {text!r}"
+                f"{did_you_mean(text, config['datasets'])}"
+            )
+        if not text or is_conversations(config, text):
+            raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
 
 
 def check_config(config: dict[str, Any]) -> None:

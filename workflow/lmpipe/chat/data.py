@@ -140,14 +140,22 @@ def read_records(cfg: ConversationsConfig) -> Iterable[Any]:
         path = Path(cfg.path)
         if not path.is_file():
             raise FileNotFoundError(f"datasets.{cfg.dataset}.path: {path} does not exist")
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            try:
-                data = [json.loads(line) for line in text.splitlines() if line.strip()]
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: neither a JSON list nor JSON lines ({e})") from None
+        except json.JSONDecodeError as as_list:
+            data = []
+            for lineno, line in enumerate(text.splitlines(), start=1):
+                try:
+                    data += [json.loads(line)] if line.strip() else []
+                except json.JSONDecodeError as e:
+                    raise ValueError(
+                        f"{path}: neither a JSON list (line {as_list.lineno}: {as_list.msg})"
+                        f" nor JSON lines (line {lineno}: {e.msg})"
+                    ) from None
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON list of conversations")
         return data

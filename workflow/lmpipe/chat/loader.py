@@ -13,13 +13,20 @@ import torch
 def load_split(manifest_path: str | Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets) of `split` from an SFT manifest; shapes and files checked."""
     manifest_path = Path(manifest_path)
-    m = json.loads(manifest_path.read_text())
+    try:
+        m = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{manifest_path}: not valid JSON ({e})") from None
     if m.get("kind") != "conversations":
         raise ValueError(f"{manifest_path}: not a conversations manifest (kind {m.get('kind')!r})")
     arrays = {}
     for s in m["shards"]:
         if s["split"] == split:
-            arrays[s["array"]] = np.load(manifest_path.parent / s["file"], allow_pickle=False)
+            path = manifest_path.parent / s["file"]
+            try:
+                arrays[s["array"]] = np.load(path, allow_pickle=False)
+            except (ValueError, EOFError) as e:  # truncated, or not an .npy array
+                raise ValueError(f"{path}: not a readable .npy array ({e})") from None
     if set(arrays) != {"inputs", "targets"}:
         raise ValueError(f"{manifest_path}: no inputs/targets arrays for split {split!r}")
     x, y = arrays["inputs"], arrays["targets"]

@@ -35,9 +35,17 @@ class Loader(Protocol):
 def shard_files(manifest: str | Path, split: str) -> list[Path]:
     """The shard files of `split` ('train' or 'val') from a tokens manifest, in order."""
     manifest = Path(manifest)
-    with open(manifest) as f:
-        data = json.load(f)
-    files = [manifest.parent / s["file"] for s in data["shards"] if s["split"] == split]
+    try:
+        data = json.loads(manifest.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{manifest}: not valid JSON ({e})") from None
+    try:
+        files = [manifest.parent / s["file"] for s in data["shards"] if s["split"] == split]
+    except (KeyError, TypeError) as e:
+        raise ValueError(
+            f"{manifest}: not a tokens manifest (`shards`, each with `file` and `split`;"
+            f" {type(e).__name__}: {e})"
+        ) from None
     if not files:
         raise ValueError(f"{manifest}: no '{split}' shards listed")
     return files

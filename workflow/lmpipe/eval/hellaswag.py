@@ -81,13 +81,17 @@ def load_items(path: str | Path, limit: int | None = None) -> list[dict]:
     if not path.is_file():
         raise HellaSwagError(f"{path}: HellaSwag file not found")
     items = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
             if limit is not None and len(items) >= limit:
                 break
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise HellaSwagError(f"{where}: not UTF-8 ({e.reason} at byte {e.start})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as e:

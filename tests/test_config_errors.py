@@ -1,0 +1,174 @@
+"""Every ConfigError raise path tests/test_config.py leaves out: a config that triggers it (the
+shipped config/config.yaml, changed in memory) and the one-line message naming the YAML path,
+the key or value, and the nearest valid name where the code suggests one."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from conftest import CONFIG_FILE
+from lmpipe import config as lmconfig
+from lmpipe import plan, schema
+
+SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
+CHAT = "embedded-a-chat"  # the shipped fine-tuning run (base: embedded-a, data: vicuna-dummy)
+
+
+def chat_run(c: dict) -> dict:
+    return c["runs"][CHAT]
+
+
+def second_chat_dataset(c: dict) -> None:
+    """A second conversations dataset, and a second fine-tuning of embedded-a on it."""
+    c["datasets"]["vicuna-2"] = copy.deepcopy(c["datasets"]["vicuna-dummy"])
+    c["runs"]["chat-2"] = copy.deepcopy(chat_run(c)) | {"dataset": "vicuna-2"}
+
+
+# (schema.py / config.py raise site, edit of the shipped config, start of the message)
+CASES = {
+    # lmpipe/schema.py, check_config: datasets and models
+    "hf_conversations_need_repo": (
+        lambda c: c["datasets"]["vicuna-dummy"].update(source="huggingface"),
+        "datasets.vicuna-dummy: source 'huggingface' needs `repo`",
+    ),
+    "hf_text_needs_repo_and_name": (
+        lambda c: c["datasets"]["fineweb10B"].pop("name"),
+        "datasets.fineweb10B: source 'huggingface' needs `repo` and `name`",
+    ),
+    "padded_vocab_below_vocab": (
+        lambda c: c["models"]["tiny"].update(padded_vocab_size=50000),
+        "models.tiny: padded_vocab_size is below vocab_size",
+    ),
+    # check_config: runs
+    "conversations_without_base_sft": (
+        lambda c: c["runs"]["embedded-b"].update(dataset="vicuna-dummy"),
+        "runs.embedded-b: dataset 'vicuna-dummy' is conversations: add base/sft",
+    ),
+    "pretraining_needs_max_steps": (
+        lambda c: c["runs"]["embedded-b"]["train"].pop("max_steps"),
+        "runs.embedded-b.train: 'max_steps' is required",
+    ),
+    # check_fine_tuning_run
+    "fine_tuning_needs_base_and_sft": (
+        lambda c: chat_run(c).pop("sft"),
+        f"runs.{CHAT}: a fine-tuning run needs both `base:` and `sft:`",
+    ),
+    "fine_tuning_on_text": (
+        lambda c: chat_run(c).update(dataset="embedded"),
+        f"runs.{CHAT}.dataset: 'embedded' is not a `kind: conversations` one",
+    ),
+    "fine_tuning_with_max_steps": (
+        lambda c: chat_run(c)["train"].update(max_steps=10),
+        f"runs.{CHAT}.train.max_steps: set by sft.epochs for a fine-tuning run",
+    ),
+    "fine_tuning_seq_len_not_the_datasets": (
+        lambda c: c["datasets"]["vicuna-dummy"].update(seq_len=64),
+        f"runs.{CHAT}.train.seq_len 128 differs from datasets.vicuna-dummy.seq_len 64",
+    ),
+    "base_run_and_hf": (
+        lambda c: chat_run(c)["base"].update(hf="some/folder"),
+        f"runs.{CHAT}.base: give exactly one of `run` or `hf`",
+    ),
+    "base_neither_run_nor_hf": (
+        lambda c: chat_run(c)["base"].pop("run"),
+        f"runs.{CHAT}.base: give exactly one of `run` or `hf`",
+    ),
+    "base_run_unknown": (
+        lambda c: chat_run(c)["base"].update(run="embedded-c"),
+        f"runs.{CHAT}.base.run: 'embedded-c' is not a pretraining run of `runs:`",
+    ),
+    "base_run_is_a_fine_tuning": (
+        lambda c: chat_run(c)["base"].update(run=CHAT),
+        f"runs.{CHAT}.base.run: '{CHAT}' is not a pretraining run of `runs:`",
+    ),
+    "base_run_of_another_model": (
+        lambda c: chat_run(c).update(model="d12"),
+        f"runs.{CHAT}.model 'd12' differs from its base run's 'tiny'",
+    ),
+    "base_run_on_two_chat_datasets": (
+        second_chat_dataset,
+        "runs: base run 'embedded-a' is fine-tuned on several conversation datasets"
+        " ['vicuna-2', 'vicuna-dummy']",
+    ),
+    "hf_base_without_text_dataset": (
+        lambda c: chat_run(c).update(base={"hf": "some/folder"}),
+        f"runs.{CHAT}.base.dataset: an `hf` base needs a text dataset (val loss)",
+    ),
+    "hf_base_on_conversations": (
+        lambda c: chat_run(c).update(base={"hf": "some/folder", "dataset": "vicuna-dummy"}),
+        f"runs.{CHAT}.base.dataset: an `hf` base needs a text dataset (val loss)",
+    ),
+    "hf_base_unknown_dataset": (
+        lambda c: chat_run(c).update(base={"hf": "some/folder", "dataset": "embeded"}),
+        f"runs.{CHAT}.base.dataset: unknown dataset 'embeded' (did you mean 'embedded'?)",
+    ),
+    # explain()'s generic line through Snakemake's validate (an enum, a required key)
+    "schema_enum": (
+        lambda c: c["runs"]["124m"]["launch"].update(device="tpu"),
+        "runs.124m.launch.device: 'tpu' is not one of ['cpu', 'cuda']",
+    ),
+    "schema_required": (
+        lambda c: c["runs"]["124m"].pop("launch"),
+        "runs.124m: 'launch' is a required property",
+    ),
+}
+
+
+@pytest.fixture
+def cfg() -> dict:
+    return copy.deepcopy(SHIPPED)
+
+
+@pytest.mark.parametrize("edit, message", CASES.values(), ids=CASES.keys())
+def test_config_error_names_the_path(cfg, edit, message):
+    """A broken config is refused with one line that names where and what."""
+    edit(cfg)
+    with pytest.raises(lmconfig.ConfigError) as e:
+        schema.validate(cfg)
+    text = str(e.value)
+    assert text.startswith(message), text
+    assert "\n" not in text, text
+
+
+def test_shipped_config_passes_the_checks(cfg):
+    """The starting point of the cases above is valid (each case breaks one thing)."""
+    schema.validate(cfg)
+
+
+# ---- lmpipe/config.py: reading a job's params back ----
+
+
+def test_eval_job_of_an_unknown_evaluation_suggests_the_nearest(cfg):
+    """An evaluate job's params naming no evaluation of the registry: named, nearest suggested."""
+    schema.validate(cfg)
+    params = json.loads(lmconfig.eval_params(cfg, "embedded-a", "hellaswag"))
+    params["evaluation"] = "helaswag"
+    with pytest.raises(lmconfig.ConfigError) as e:
+        lmconfig.EvalJob.from_json(json.dumps(params))
+    assert str(e.value) == "eval job: unknown evaluation 'helaswag' (did you mean 'hellaswag'?)"
+
+
+def test_train_job_section_that_is_not_a_mapping_is_named(cfg):
+    """A train job whose `model` is not a mapping: the section and the value are named."""
+    schema.validate(cfg)
+    params = json.loads(lmconfig.train_params(cfg, "embedded-a"))
+    params["model"] = 12
+    with pytest.raises(lmconfig.ConfigError) as e:
+        lmconfig.TrainJob.from_json(json.dumps(params))
+    assert str(e.value) == "train job.model: expected a mapping, got 12"
+
+
+# ---- lmpipe/plan.py: a GPU the config names that the plan cannot price ----
+
+
+def test_plan_names_an_unknown_gpu_model(cfg):
+    """launch.gpu_model of no known peak: the plan names the run and the GPU (ValueError)."""
+    cfg["runs"]["124m"]["launch"]["gpu_model"] = "mystery9000"
+    schema.validate(cfg)
+    run = lmconfig.run_config(cfg, "124m")
+    with pytest.raises(ValueError, match=r"^runs\.124m: no known peak for GPU 'mystery9000'"):
+        plan.device_flops(run, None, "train")

@@ -1,0 +1,189 @@
+"""SIGTERM outside SLURM: the launcher (lmpipe.train.launch) passes it to the workers as SIGUSR1,
+once each; the workers save a checkpoint and exit with EXIT_STOPPED; the launcher exits non-zero
+with its agent's code (128 + N if the agent died of signal N), for Snakemake to retry.
+
+tests/test_train.py covers SIGUSR1 to the launcher end to end (slow); here: SIGTERM. The fast tests
+run the launcher's forwarding in this process over a stand-in agent (torchrun's part: workers as
+its children, SIGUSR1 ignored) and the loop's stop in process; the slow one is the real chain."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from conftest import REPO
+from lmpipe.config import TrainJob, train_config
+from lmpipe.data.shards import write_shard
+from lmpipe.train import launch, loop
+from lmpipe.train.parallel import init_distributed
+from lmpipe.train.pretrain import pretraining
+
+FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
+
+# a worker: ready, then waits for signals; "saving a checkpoint" takes longer than the launcher's
+# 1-second forwarding tick, so a second SIGUSR1 would be seen; exits 75 once signalled (0 if never)
+WORKER = """
+import os, signal, sys, time
+out, got = sys.argv[1], []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(signal.Signals(s).name))
+open(os.path.join(out, f"ready_{os.getpid()}"), "w").close()
+deadline = time.time() + 8
+while not got and time.time() < deadline:
+    time.sleep(0.01)
+time.sleep(1.3 if got else 0)
+open(os.path.join(out, f"got_{os.getpid()}"), "w").write(",".join(got))
+sys.exit(75 if got else 0)
+"""
+# torchrun's part: workers as its children; it fails (exit 3 here) when one does
+AGENT = """
+import os, subprocess, sys
+open(os.path.join(sys.argv[2], "agent_pid"), "w").write(str(os.getpid()))
+workers = [subprocess.Popen([sys.executable, sys.argv[1], sys.argv[2]]) for _ in range(2)]
+sys.exit(3 if any([w.wait() for w in workers]) else 0)
+"""
+
+
+@pytest.fixture
+def own_handlers():
+    """Restore this process's SIGUSR1/SIGTERM handlers; meanwhile a stray SIGTERM is recorded,
+    not fatal (the launcher under test installs its own)."""
+    saved = {s: signal.getsignal(s) for s in FORWARDED}
+    stray: list[int] = []
+    signal.signal(signal.SIGTERM, lambda s, f: stray.append(s))
+    yield stray
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def when_ready(folder: Path, n: int, action) -> threading.Thread:
+    """Run `action` on a thread once `n` workers have written their ready file."""
+
+    def wait() -> None:
+        deadline = time.time() + 30
+        while len(list(folder.glob("ready_*"))) < n and time.time() < deadline:
+            time.sleep(0.01)
+        action()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sigterm_reaches_each_worker_once_as_sigusr1(tmp_path, own_handlers):
+    """SIGTERM to the launcher: one SIGUSR1 a worker, the agent spared, its exit code returned."""
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "agent.py").write_text(AGENT)
+    cmd = [sys.executable, str(tmp_path / "agent.py"), str(tmp_path / "worker.py"), str(tmp_path)]
+
+    def terminate() -> None:
+        # as SLURM would, SIGUSR1 to the agent too: started with it ignored, the agent lives on
+        os.kill(int((tmp_path / "agent_pid").read_text()), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)  # to the launcher (this process)
+
+    when_ready(tmp_path, 2, terminate)
+    code = launch.run_forwarding(cmd, dict(os.environ), to_workers=True)
+    got = sorted(p.read_text() for p in tmp_path.glob("got_*"))
+    assert got == ["SIGUSR1", "SIGUSR1"], "each worker: one SIGUSR1"
+    assert code == 3, "the agent's own exit code (not 128 + a signal's)"
+    assert own_handlers == [], "the launcher handles SIGTERM itself"
+
+
+def test_an_agent_killed_by_a_signal_is_128_plus_it(own_handlers):
+    """The shell's convention: an agent that dies of SIGTERM makes the launcher exit 143."""
+    code = launch.run_forwarding(["sh", "-c", "kill -TERM $$"], dict(os.environ), True)
+    assert code == 128 + signal.SIGTERM
+
+
+# ---- the workers' side: a signal stops the loop at the next step, after a checkpoint ------------
+
+MODEL = {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16, "vocab_size": 256,
+         "padded_vocab_size": 256}  # fmt: skip
+
+
+def tiny_job(max_steps: int, procs: int = 1) -> TrainJob:
+    t = {
+        "seq_len": 16,
+        "micro_batch": 2,
+        "batch_tokens": 32 * procs,
+        "max_steps": max_steps,
+        "optimizer": {"name": "adamw", "lr": 1e-3},
+        "val_every": 0,
+        "val_tokens": 32,
+        "checkpoint_every": 0,  # no periodic checkpoints: the one saved is the signal's
+    }
+    train = json.loads(json.dumps(dataclasses.asdict(train_config(t, "train"))))
+    launch_ = {"device": "cpu", "nodes": 1, "procs_per_node": procs, "peak_flops": 1e12}
+    job = {"run": "t", "dataset": "x", "model": MODEL, "train": train, "launch": launch_}
+    return TrainJob.from_json(json.dumps(job))
+
+
+def token_shards(folder: Path) -> Path:
+    """A val and a train shard of random tokens below the tiny vocabulary, and their manifest."""
+    rng = np.random.default_rng(0)
+    shards = []
+    for i, split in enumerate(["val", "train"]):
+        name = f"x_{split}_{i:06d}.bin"
+        write_shard(folder / name, rng.integers(0, 256, 4000).astype(np.uint16))
+        shards.append({"file": name, "split": split, "tokens": 4000})
+    (folder / "manifest.json").write_text(json.dumps({"dataset": "x", "shards": shards}))
+    return folder / "manifest.json"
+
+
+def test_sigterm_to_a_worker_checkpoints_and_exits_stopped(tmp_path, own_handlers):
+    """A worker that got SIGTERM saves the step it is in and returns EXIT_STOPPED (75)."""
+    job, out = tiny_job(max_steps=4), tmp_path / "train"
+    out.mkdir()
+    stop = loop.StopFlag()
+    os.kill(os.getpid(), signal.SIGTERM)  # caught: the flag, acted on at the step's end
+    assert stop.signal == signal.SIGTERM and own_handlers == []
+    assert not dist.is_initialized()
+    d = init_distributed("cpu")
+    try:
+        code = loop.run(job, pretraining(job, token_shards(tmp_path), d, None), out, d, stop)
+    finally:
+        dist.destroy_process_group()
+    assert code == loop.EXIT_STOPPED == 75
+    assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_000001"]
+    assert not (out / "final").exists()
+
+
+# ---- the real chain: launcher, torchrun, a pretraining worker ------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_checkpoints_and_fails_for_a_retry(tmp_path):
+    """`python -m lmpipe.train` gets SIGTERM mid-run: checkpoint, worker 75, launcher non-zero."""
+    job = dataclasses.asdict(tiny_job(max_steps=500))
+    out = tmp_path / "train"
+    cmd = [sys.executable, "-m", "lmpipe.train", "--config-json", json.dumps(job),
+           "--data", str(token_shards(tmp_path)), "--out", str(out)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "workflow"))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 240
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and '"loss"' in metrics.read_text()):
+            assert proc.poll() is None and time.time() < deadline, "the run did not start"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # to the launcher only, as `kill PID` would
+        log = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "lmpipe.train: got SIGTERM" in log, log
+    assert proc.returncode > 0, f"exit code {proc.returncode}: killed by the signal?\n{log}"
+    assert re.search(r"exitcode\s*:\s*75\b", log), log  # torchrun: the worker's EXIT_STOPPED
+    (saved,) = (out / "checkpoints").glob("step_*")
+    assert 1 <= int(saved.name.split("_")[1]) < 500 and not (out / "final").exists()
