@@ -114,8 +114,19 @@ def throughput_figure(runs: list[Run]) -> str | None:
     return _png(fig)
 
 
+# the references of HellaSwag during training: models of the size the GPU recipes train
+HELLASWAG_REFERENCES = ("OpenAI GPT-2 124M", "GPT-3 Small (125M)")
+
+
+def hellaswag_references() -> list[tuple[str, float]]:
+    """(label, acc_norm) of HELLASWAG_REFERENCES, from lmpipe.report.references."""
+    refs = [r for r in references_with("hellaswag") if r.name in HELLASWAG_REFERENCES]
+    return [(f"{r.name}: {r.figures['hellaswag']:.1%}", r.figures["hellaswag"]) for r in refs]
+
+
 def hellaswag_figure(runs: list[Run]) -> str | None:
-    """HellaSwag measured during training; None (no plot) when no run measured it."""
+    """HellaSwag acc_norm measured during training (train.eval_every) against tokens, a line a
+    run that has any, with GPT-2 124M's and GPT-3 Small's; None (no figure) when no run has."""
     runs = [r for r in runs if r.hellaswag_curve]
     if not runs:
         return None
@@ -125,11 +136,7 @@ def hellaswag_figure(runs: list[Run]) -> str | None:
         xs = [row["tokens"] for row in r.hellaswag_curve]
         ys = [row["hellaswag"] for row in r.hellaswag_curve]
         ax.plot(xs, ys, "o-", color=colors[r.name], ms=3, label=r.name)
-    refs = [
-        (f"{r.name}: {r.figures['hellaswag']:.1%}", r.figures["hellaswag"])
-        for r in references_with("hellaswag")
-    ]
-    _reference_lines(ax, refs)
+    _reference_lines(ax, hellaswag_references())
     ax.axhline(0.25, color="0.75", lw=3, label="chance (four endings)")
     ax.set(xlabel="tokens trained", ylabel="HellaSwag acc_norm", title="HellaSwag during training")
     ax.grid(alpha=0.3)
