@@ -114,8 +114,11 @@ def test_the_figure_shows_runs_with_in_training_evals_only():
 
 
 def score_on_ranks(rank: int, world_size: int, port: int, items_n: int, out: str) -> None:
-    """A rank: the tiny GPT-2 from seed 0, sharded by the trainer's parallelize, one forward
-    through the root (the loop's validation before any eval), then HellaSwag as the loop does."""
+    """A rank: the tiny GPT-2 from seed 0, sharded by the trainer's parallelize (blocks kept
+    gathered after their forward, as by default, or not), then twice a training micro-step
+    (forward and backward, which leave every parameter sharded: the state the loop evaluates in)
+    and HellaSwag as the loop does it."""
+    from lmpipe.config import FSDPConfig
     from lmpipe.models import build_model
     from lmpipe.train.parallel import parallelize
 
@@ -123,14 +126,18 @@ def score_on_ranks(rank: int, world_size: int, port: int, items_n: int, out: str
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        torch.manual_seed(0)
-        model = parallelize(build_model(tiny()), torch.device("cpu"), "float32", False)
-        with torch.no_grad():
-            model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
         share = hellaswag_share(load_hellaswag(HELLASWAG, items_n), rank, world_size)
-        counts = hellaswag_correct(model, share, 2, torch.device("cpu"))  # 2 items a forward
-        again = hellaswag_correct(model, share, 2, torch.device("cpu"))  # the root resharded
-        result = {"counts": counts, "again": again, "training": model.training}
+        x = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(rank))
+        result = {}
+        for reshard in (False, True):
+            torch.manual_seed(0)
+            fsdp = FSDPConfig(reshard_after_forward=reshard)
+            model = parallelize(build_model(tiny()), torch.device("cpu"), "float32", False, fsdp)
+            counts = []
+            for _ in range(2):
+                model(x[:, :-1], x[:, 1:])[1].backward()  # no optimizer step: the same weights
+                counts.append(hellaswag_correct(model, share, 2, torch.device("cpu")))
+            result[str(reshard)] = {"counts": counts, "training": model.training}
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -144,8 +151,9 @@ def tiny():
 
 @pytest.mark.slow
 def test_two_fsdp_ranks_count_what_one_process_scores(tmp_path):
-    """9 items on 2 ranks, 2 a forward: 5 and 4 items, so 3 forwards each only with padding (a
-    rank that stopped early would leave the other waiting in an all-gather: the deadline)."""
+    """9 items on 2 ranks, 2 a forward: 5 and 4 items, so 3 forwards each only with padding (with
+    blocks resharded after their forward, a rank that stopped early would leave the other waiting
+    in an all-gather: the deadline)."""
     from lmpipe.eval.hellaswag import load_items, score
     from lmpipe.models import build_model
 
@@ -167,8 +175,10 @@ def test_two_fsdp_ranks_count_what_one_process_scores(tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     expected = [round(one.acc_norm * n), round(one.acc * n)]
     for r in ranks:
-        assert r["counts"] == r["again"] == expected  # summed over the ranks, each item once
-        assert r["training"] is True  # back in train mode
+        for reshard in ("False", "True"):
+            # summed over the ranks, each item once; the same after another training step
+            assert r[reshard]["counts"] == [expected, expected], reshard
+            assert r[reshard]["training"] is True  # back in train mode
 
 
 # ---- the trainer -------------------------------------------------------------------------------
