@@ -132,6 +132,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     val_every: int = 250
     val_tokens: int = 1048576
+    eval_every: int = 0  # HellaSwag during training every N steps and at the last; 0: off
+    eval_items: int = 10_042  # items each time (the whole val set, as llm.c; fewer if the file is)
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     dtype: str = "float32"

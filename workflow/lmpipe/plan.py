@@ -43,6 +43,9 @@ THROUGHPUTS = REPO_ROOT / "resources" / "throughputs.yaml"
 SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
 DEFAULT_GPU = "a100"  # llm.c's reference hardware, when a run names no gpu_model
 CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMPTS (4 each)
+# of eval.hellaswag_tokens_per_item (330), the endings' (4 x 31.4), where the LM head runs:
+# measured as that figure, llm.c scoring, over resources/hellaswag_val_sample.jsonl
+HELLASWAG_ENDING_TOKENS = 125.6
 MIN_LIMIT = 30  # minutes: the least a derived time limit asks for
 
 
@@ -219,6 +222,53 @@ def tokenize_job(config: dict[str, Any], dataset: str, part: str = "") -> Job:
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class EvalCost:
+    """HellaSwag during training (train.eval_every) against the training it interrupts."""
+
+    evals: int  # at step 0, every eval_every steps, and at the last
+    items: int  # scored each time
+    seconds: float  # all of them
+    share: float  # of training's time (each at its own FLOP/s)
+    flops_share: float  # of training's FLOPs
+
+
+def hellaswag_items(config: dict[str, Any], rc: lmconfig.RunConfig, wanted: int) -> int:
+    """Items the run's HellaSwag file gives of the `wanted` first: fewer where the file is
+    there and holds fewer (the embedded sample's 503); `wanted` before it is downloaded."""
+    path = Path(config["hellaswag"][rc.eval["hellaswag"].file])
+    if not path.is_file():
+        return wanted
+    with open(path, encoding="utf-8") as f:
+        return min(wanted, sum(1 for line in f if line.strip()))
+
+
+def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> EvalCost | None:
+    """The cost of a run's HellaSwag during training; None when it has none (eval_every 0).
+
+    An eval runs items x 4 rows (context + ending, hellaswag_tokens_per_item / 4 tokens a row)
+    forward: 2N + 2LCT FLOPs a token with T the row's length, less the LM head's 2VC (V padded)
+    where it does not run: at every token but the endings' (HELLASWAG_ENDING_TOKENS). Training
+    runs 6N + 6LCT a token (T = seq_len). Each at its own FLOP/s (eval's, train's)."""
+    rc = lmconfig.run_config(config, run)
+    t = rc.train
+    steps = t.max_steps or fine_tuning_steps(config, rc)
+    if not t.eval_every or not steps:
+        return None
+    evals = steps // t.eval_every + 1 + (1 if steps % t.eval_every else 0)
+    items = hellaswag_items(config, rc, t.eval_items)
+    per_item = figure("eval", "hellaswag_tokens_per_item")
+    head = 2 * rc.model.padded_vocab_size * rc.model.n_embd  # FLOPs a token
+    item_flops = per_item * forward_flops_per_token(rc.model, per_item / 4)
+    item_flops -= (per_item - HELLASWAG_ENDING_TOKENS) * head
+    eval_flops = evals * items * item_flops
+    train_flops = steps * t.batch_tokens * train_flops_per_token(rc.model, t.seq_len)
+    devices = rc.launch.world_size if rc.launch.device == "cuda" else 1  # CPU ranks share cores
+    seconds = eval_flops / (device_flops(rc, gpu, "eval")[0] * devices)
+    train_s = train_flops / (device_flops(rc, gpu, "train")[0] * devices)
+    return EvalCost(evals, items, seconds, seconds / train_s, eval_flops / train_flops)
+
+
 def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     rc = lmconfig.run_config(config, run)
     t, launch = rc.train, rc.launch
@@ -236,12 +286,20 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     checkpoint_bytes = 12 * n  # fp32 params and AdamW's two moments
     saves = steps // t.checkpoint_every if t.checkpoint_every else 0
     io_s = (saves * checkpoint_bytes + 4 * n) / figure("io", "disk_bytes_per_s")
-    work_s = train_s + val_s + io_s
+    hellaswag = in_training_eval(config, run, gpu)
+    eval_s = hellaswag.seconds if hellaswag else 0.0
+    work_s = train_s + val_s + eval_s + io_s
     startup = startup_s(rc, "train")
+    basis = f"{tokens:.3g} tokens; {how}"
+    if hellaswag:
+        basis += (
+            f"; HellaSwag every {t.eval_every} steps ({hellaswag.evals} x {hellaswag.items} items):"
+            f" {hellaswag.share:.1%} of training ({hellaswag.flops_share:.2%} of its FLOPs)"
+        )
     job = Job(
         "train", run, launch.device, gpus=devices if launch.device == "cuda" else 0,
         nodes=launch.nodes, cpus=launch.cpus_per_task, mem_mb=launch.mem_mb,
-        limit_min=launch.runtime, basis=f"{tokens:.3g} tokens; {how}",
+        limit_min=launch.runtime, basis=basis,
         disk_bytes=(t.keep_checkpoints * checkpoint_bytes) + 4 * n,
         gpu_mem_gb=gpu_memory_gb(rc) if launch.device == "cuda" else None,
     )  # fmt: skip

@@ -94,17 +94,28 @@ def get_report_inputs(wildcards):
 
 
 def get_train_inputs(wildcards):
-    """The data (token shards, or a fine-tuning run's conversations) and, for fine-tuning, the
-    starting weights: the base run's final checkpoint or a Hugging Face folder."""
+    """The data (token shards, or a fine-tuning run's conversations); for fine-tuning, the
+    starting weights: the base run's final checkpoint or a Hugging Face folder; with
+    train.eval_every, the HellaSwag items of the run's eval.hellaswag.file."""
     run = get_run(wildcards)
     if not run.fine_tuning:
-        return {"data": LAYOUT.tokens_manifest(run.dataset)}
-    base = LAYOUT.final_checkpoint(run.base.run) if run.base.run else run.base.hf
-    return {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
+        inputs = {"data": LAYOUT.tokens_manifest(run.dataset)}
+    else:
+        base = LAYOUT.final_checkpoint(run.base.run) if run.base.run else run.base.hf
+        inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
+    if run.train.eval_every > 0:
+        inputs["hellaswag"] = config["hellaswag"][run.eval["hellaswag"].file]
+    return inputs
 
 
 def get_init_arg(wildcards, input):
     return f"--init {shlex.quote(input.init)}" if "init" in input.keys() else ""
+
+
+def get_hellaswag_arg(wildcards, input):
+    """HellaSwag during training: its items file, when train.eval_every asks for it."""
+    keys = input.keys()
+    return f"--hellaswag {shlex.quote(input.hellaswag)}" if "hellaswag" in keys else ""
 
 
 # SLURM resources of tokenize, convert and evaluate: derived by lmpipe.plan from the run (one GPU

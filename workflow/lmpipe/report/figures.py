@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 
 import matplotlib
 
@@ -114,8 +115,21 @@ def throughput_figure(runs: list[Run]) -> str | None:
     return _png(fig)
 
 
+# the references of HellaSwag during training: models of the size the GPU recipes train
+HELLASWAG_REFERENCES = ("OpenAI GPT-2 124M", "GPT-3 Small (125M)")
+
+
+def hellaswag_references() -> list[tuple[str, float]]:
+    """(label, acc_norm) of HELLASWAG_REFERENCES, from lmpipe.report.references."""
+    refs = [r for r in references_with("hellaswag") if r.name in HELLASWAG_REFERENCES]
+    return [(f"{r.name}: {r.figures['hellaswag']:.1%}", r.figures["hellaswag"]) for r in refs]
+
+
 def hellaswag_figure(runs: list[Run]) -> str | None:
-    """HellaSwag measured during training; None (no plot) when no run measured it."""
+    """HellaSwag acc_norm measured during training (train.eval_every) against tokens, a line a
+    run that has any, with GPT-2 124M's and GPT-3 Small's; None (no figure) when no run has.
+    A band: the 95% interval of a score on so few items (binomial, normal approximation), which
+    on the CPU demo's tens of items is wider than anything the tiny models learn."""
     runs = [r for r in runs if r.hellaswag_curve]
     if not runs:
         return None
@@ -124,12 +138,15 @@ def hellaswag_figure(runs: list[Run]) -> str | None:
     for r in runs:
         xs = [row["tokens"] for row in r.hellaswag_curve]
         ys = [row["hellaswag"] for row in r.hellaswag_curve]
-        ax.plot(xs, ys, "o-", color=colors[r.name], ms=3, label=r.name)
-    refs = [
-        (f"{r.name}: {r.figures['hellaswag']:.1%}", r.figures["hellaswag"])
-        for r in references_with("hellaswag")
-    ]
-    _reference_lines(ax, refs)
+        items = [row.get("hellaswag_items") for row in r.hellaswag_curve]
+        label = r.name + (f" ({items[-1]:,} items)" if items[-1] else "")
+        ax.plot(xs, ys, "o-", color=colors[r.name], ms=3, label=label)
+        if all(items):
+            half = [1.96 * math.sqrt(y * (1 - y) / n) for y, n in zip(ys, items, strict=True)]
+            lo = [y - h for y, h in zip(ys, half, strict=True)]
+            hi = [y + h for y, h in zip(ys, half, strict=True)]
+            ax.fill_between(xs, lo, hi, color=colors[r.name], alpha=0.12, lw=0)
+    _reference_lines(ax, hellaswag_references())
     ax.axhline(0.25, color="0.75", lw=3, label="chance (four endings)")
     ax.set(xlabel="tokens trained", ylabel="HellaSwag acc_norm", title="HellaSwag during training")
     ax.grid(alpha=0.3)

@@ -1,6 +1,7 @@
 """Start torchrun for a run, the way its `launch:` settings say, and pass signals to the workers.
 
-    python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--worker MODULE]
+    python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--hellaswag F]
+        [--worker MODULE]
 
 (the train rule). The worker is a module torchrun runs on every rank: `lmpipe.train.pretrain` by
 default, `lmpipe.chat.finetune` for a fine-tuning run; both run lmpipe.train.loop.
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="the data's manifest.json")
     parser.add_argument("--out", type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
+    parser.add_argument("--hellaswag", type=Path, help="HellaSwag items (train.eval_every)")
     parser.add_argument("--worker", default=PRETRAIN_WORKER, help="the module torchrun runs")
     parser.add_argument(
         "--fresh-start",
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.init is not None:
         worker_args += ["--init", str(args.init)]
+    if args.hellaswag is not None:
+        worker_args += ["--hellaswag", str(args.hellaswag)]
     if args.fresh_start or os.environ.get(FRESH_START_ENV, "") not in ("", "0"):
         worker_args += ["--fresh-start"]
     cmd, env = build_command(launch, worker_args, args.worker)

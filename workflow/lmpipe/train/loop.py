@@ -4,7 +4,8 @@ A worker (`torchrun -m lmpipe.train.pretrain`, or `lmpipe.chat.finetune`) builds
 loaders, the steps and schedule, the starting weights, which targets count) and calls `run`.
 The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens`, the optimizer of
 `train.optimizer` with the schedule's lr, gradient clipping, validation every `val_every` steps,
-a DCP checkpoint every `checkpoint_every` steps. A NaN/inf loss stops the run with an error;
+HellaSwag every `eval_every` steps (llm.c's in-training eval), a DCP checkpoint every
+`checkpoint_every` steps. A NaN/inf loss stops the run with an error;
 SIGUSR1/SIGTERM save a checkpoint and exit with EXIT_STOPPED, for a retry to resume.
 
 Writes under --out: `metrics.jsonl`, `tb/`, `provenance.json`, `checkpoints/step_NNNNNN/`
@@ -24,20 +25,25 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from lmpipe import provenance
 from lmpipe.config import TrainConfig, TrainJob, settings_hash
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
+from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops
 from lmpipe.models import build_model
+from lmpipe.paths import TOKENIZER_DIR
 from lmpipe.train.checkpoint import Checkpointer, save_final
 from lmpipe.train.metrics import Metrics
 from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
@@ -46,8 +52,11 @@ from lmpipe.train.parallel import Dist, die_with_parent, init_distributed, local
 log = logging.getLogger("lmpipe.train")
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retry resumes
-# train settings that never change the trajectory (logging and checkpointing only)
-NOT_TRAJECTORY = ("val_every", "val_tokens", "checkpoint_every", "keep_checkpoints")
+# train settings that never change the trajectory (logging, evaluation and checkpointing only)
+NOT_TRAJECTORY = (
+    "val_every", "val_tokens", "eval_every", "eval_items", "checkpoint_every", "keep_checkpoints"
+)  # fmt: skip
+ENDINGS = 4  # a HellaSwag item's endings (lmpipe.eval.hellaswag.NUM_ENDINGS)
 
 
 @dataclass
@@ -138,6 +147,144 @@ def evaluate(model: torch.nn.Module, batches: list[Batch], device: torch.device)
     return total.item() / (len(batches) * dist.get_world_size())  # host sync
 
 
+# ----------------------------------------------------------------------------------------------
+# HellaSwag during training, as llm.c does: the model as it trains, llm.c's scoring, the items
+# shared out over the ranks. The scoring is lmpipe.eval.hellaswag's "llmc" mode (tokens of `ctx`,
+# then of " " + ending; acc from the ending's summed log-probability, acc_norm from its mean a
+# token), restated here because train/ never imports eval/ (tests/test_layout.py);
+# tests/test_train_eval.py checks that both count the same on the same weights.
+
+Row = tuple[list[int], list[int]]  # (context tokens, ending tokens)
+
+
+@dataclass
+class HellaSwagShare:
+    """This rank's strided share of the items (items[rank::world_size]), tokenized, and padded
+    to as many items as every other rank's: under FSDP each forward all-gathers parameters, so
+    every rank must run the same number of them. A padding item is scored and never counted."""
+
+    rows: list[Row]  # ENDINGS a item, in item order
+    labels: list[int]  # one an item; -1: padding
+    total: int  # items over all ranks
+
+
+def load_hellaswag(path: Path, limit: int) -> list[dict[str, Any]]:
+    """The first `limit` items (all, if the file holds fewer) of a rowanz-format jsonl."""
+    items: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if len(items) == limit:
+                break
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            endings, label = item.get("endings"), str(item.get("label"))
+            if not (
+                isinstance(item.get("ctx"), str)
+                and isinstance(endings, list)
+                and len(endings) == ENDINGS
+                and all(isinstance(e, str) for e in endings)
+                and label in ("0", "1", "2", "3")
+            ):
+                raise ValueError(f"{path}:{lineno}: not a HellaSwag item (ctx, 4 endings, label)")
+            items.append({"ctx": item["ctx"], "endings": endings, "label": int(label)})
+    if not items:
+        raise ValueError(f"{path}: no HellaSwag items")
+    return items
+
+
+def hellaswag_share(items: list[dict[str, Any]], rank: int, world_size: int) -> HellaSwagShare:
+    """Rank `rank`'s share of `items`, tokenized with GPT-2's BPE, padded (see HellaSwagShare)."""
+    enc = gpt2_encoding(TOKENIZER_DIR)
+
+    def rows(item: dict[str, Any]) -> list[Row]:
+        ctx = enc.encode_ordinary(item["ctx"])
+        return [(ctx, enc.encode_ordinary(" " + e)) for e in item["endings"]]
+
+    mine = items[rank::world_size]
+    padding = math.ceil(len(items) / world_size) - len(mine)
+    share = HellaSwagShare([], [], len(items))
+    for item in mine:
+        share.rows += rows(item)
+        share.labels.append(item["label"])
+    share.rows += rows(items[0]) * padding
+    share.labels += [-1] * padding
+    return share
+
+
+@contextmanager
+def root_unsharded(model: torch.nn.Module) -> Iterator[None]:
+    """The FSDP root's own parameters (embeddings, final norm, the tied head) gathered while a
+    scorer calls `hidden_states` and `head`, which bypass the root's forward hook that would
+    gather them (each block still gathers its own in its hook). The root must have run a forward
+    once before (FSDP2's lazy init): the loop's validation at step 0, or a training step."""
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
+@torch.no_grad()
+def ending_logprobs(
+    model: torch.nn.Module, rows: list[Row], batch_rows: int, device: torch.device
+) -> np.ndarray:
+    """Summed log-probability of each row's ending given its context, as
+    lmpipe.eval.hellaswag.continuation_logprobs: rows sorted longest first and padded on the
+    right (causal attention: the padding never changes a real position), a context longer than
+    block_size cut from the left, the LM head at the ending's positions only."""
+    T = model.config.block_size
+    out = np.zeros(len(rows), dtype=np.float64)
+    order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
+    for start in range(0, len(order), batch_rows):
+        chunk = order[start : start + batch_rows]
+        seqs = [(rows[i][0] + rows[i][1])[-(T + 1) :] for i in chunk]
+        idx = torch.zeros((len(seqs), max(len(s) for s in seqs) - 1), dtype=torch.long)
+        batch_ids, positions, targets = [], [], []
+        for b, (i, seq) in enumerate(zip(chunk, seqs, strict=True)):
+            n_in, n_end = len(seq) - 1, len(rows[i][1])
+            idx[b, :n_in] = torch.tensor(seq[:-1])
+            batch_ids += [b] * n_end
+            positions += range(n_in - n_end, n_in)  # the positions that predict the ending
+            targets += seq[-n_end:]
+        h = model.hidden_states(idx.to(device))  # (B, L, C)
+        ids = torch.tensor(batch_ids, device=device)
+        logits = model.head(h[ids, torch.tensor(positions, device=device)])  # (N, V) fp32
+        target_logits = logits.gather(1, torch.tensor(targets, device=device)[:, None])
+        logp = target_logits.squeeze(1) - torch.logsumexp(logits, dim=-1)
+        sums = torch.zeros(len(chunk), dtype=torch.float64, device=device)
+        sums.index_add_(0, ids, logp.double())
+        out[chunk] = sums.cpu().numpy()
+    return out
+
+
+def hellaswag_correct(
+    model: torch.nn.Module, share: HellaSwagShare, batch_items: int, device: torch.device
+) -> tuple[int, int]:
+    """Items right over all ranks: (by acc_norm, by acc). The model scores in eval mode under
+    no_grad and is left in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        with root_unsharded(model):
+            ll = ending_logprobs(model, share.rows, batch_items * ENDINGS, device)
+    finally:
+        model.train(was_training)
+    ll = ll.reshape(-1, ENDINGS)
+    lengths = np.array([len(end) for _, end in share.rows], dtype=np.float64)
+    labels = np.array(share.labels)
+    counted = labels >= 0
+    right_norm = ((ll / lengths.reshape(-1, ENDINGS)).argmax(axis=1) == labels) & counted
+    right = (ll.argmax(axis=1) == labels) & counted
+    counts = torch.tensor([int(right_norm.sum()), int(right.sum())], device=device)
+    dist.all_reduce(counts)  # SUM
+    norm, plain = counts.tolist()
+    return norm, plain
+
+
 def write_provenance(
     job: TrainJob, model: torch.nn.Module, d: Dist, digest: str, peak: float, out: Path
 ) -> None:
@@ -164,11 +311,26 @@ def write_provenance(
 
 
 def run(
-    job: TrainJob, task: Task, out: Path, d: Dist, stop: StopFlag, fresh_start: bool = False
+    job: TrainJob,
+    task: Task,
+    out: Path,
+    d: Dist,
+    stop: StopFlag,
+    fresh_start: bool = False,
+    hellaswag: Path | None = None,
 ) -> int:
-    """Run (or resume) the training of one run; returns the process exit code."""
+    """Run (or resume) the training of one run; returns the process exit code. `hellaswag`: the
+    items file of HellaSwag during training (train.eval_every > 0)."""
     tc = task.train
     check_compiler(job)
+    share = None
+    if tc.eval_every > 0:
+        if hellaswag is None:
+            raise ValueError(
+                f"runs.{job.run}.train.eval_every is {tc.eval_every}: HellaSwag during training"
+                " needs its items file (--hellaswag)"
+            )
+        share = hellaswag_share(load_hellaswag(hellaswag, tc.eval_items), d.rank, d.world_size)
     accum = tc.grad_accum_steps(d.world_size)
     digest = trajectory_hash(job, task, d.world_size)
     peak = peak_flops(job, d.device)  # a device's FLOP/s, for MFU
@@ -196,12 +358,13 @@ def run(
         ckpt = Checkpointer(out / "checkpoints", digest, tc.checkpoint_every, tc.keep_checkpoints)
         if fresh_start:
             ckpt.retire_all()
-        step, tokens, wall_before = 0, 0, 0.0
+        step, tokens, wall_before, eval_total = 0, 0, 0.0, 0.0
         resume = ckpt.find_resume()
         if resume is not None:
             state = ckpt.load(resume, model, optimizer)
             loader.load_state_dict(state["loader"])
             step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
+            eval_total = state.get("eval_s", 0.0)  # seconds of HellaSwag during training
             log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
         metrics = Metrics(out, step, d.is_main)
         write_provenance(job, model, d, digest, peak, out)
@@ -226,8 +389,40 @@ def run(
             if d.is_main:
                 print(f"step {step:5d}/{tc.max_steps} | val loss {val_loss:.4f}", flush=True)
 
+        def hellaswag_eval() -> None:
+            """HellaSwag on the model as it is now; its cost printed as a share of the wall."""
+            nonlocal eval_total
+            t0 = time.time()
+            right_norm, right = hellaswag_correct(model, share, tc.micro_batch, d.device)
+            took = time.time() - t0
+            eval_total += took
+            wall, n = wall_s(), share.total
+            metrics.write(
+                {
+                    "step": step,
+                    "tokens": tokens,
+                    "hellaswag": right_norm / n,  # acc_norm, the report's figure
+                    "hellaswag_acc": right / n,
+                    "hellaswag_items": n,
+                    "eval_s": took,
+                    "wall_s": wall,
+                }
+            )
+            if d.is_main:
+                print(
+                    f"step {step:5d}/{tc.max_steps} | hellaswag acc_norm {right_norm / n:.4f}"
+                    f" ({right_norm}/{n}) | {took:.2f} s; all evals {eval_total:.1f} s ="
+                    f" {eval_total / wall:.1%} of the wall time so far",
+                    flush=True,
+                )
+
+        def eval_due() -> bool:
+            return share is not None and (step % tc.eval_every == 0 or step == tc.max_steps)
+
         if step == 0:
-            validate()
+            validate()  # also FSDP2's lazy init, which hellaswag_eval's unshard needs first
+            if eval_due():
+                hellaswag_eval()
         while step < tc.max_steps:
             t0 = time.time()
             for group, peak_lr in zip(optimizer.param_groups, peak_lrs, strict=True):
@@ -292,9 +487,16 @@ def run(
                 )
             if step == tc.max_steps or (tc.val_every > 0 and step % tc.val_every == 0):
                 validate()
+            if eval_due():
+                hellaswag_eval()
             saved = ckpt.should_save(step, tc.max_steps)
             if saved or stop_requested:
-                state = {"tokens": tokens, "loader": loader.state_dict(), "wall_s": wall_s()}
+                state = {
+                    "tokens": tokens,
+                    "loader": loader.state_dict(),
+                    "wall_s": wall_s(),
+                    "eval_s": eval_total,
+                }
                 path = ckpt.save(step, model, optimizer, state)
                 log.info("saved checkpoint %s", path)
             if stop_requested:
@@ -315,6 +517,7 @@ def run(
             "tokens": tokens,
             "world_size": d.world_size,
             "wall_s": wall,
+            "eval_s": eval_total,  # of wall_s: HellaSwag during training
             "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
             **task.meta,
         }
@@ -340,6 +543,9 @@ def worker_main(
     parser.add_argument("--out", required=True, type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
     parser.add_argument(
+        "--hellaswag", type=Path, help="HellaSwag items for train.eval_every (a rowanz jsonl)"
+    )
+    parser.add_argument(
         "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
     )
     args = parser.parse_args(argv)
@@ -357,6 +563,6 @@ def worker_main(
     d = init_distributed(job.launch.device)
     try:
         task = make_task(job, args.data, d, args.init)
-        return run(job, task, args.out, d, stop, args.fresh_start)
+        return run(job, task, args.out, d, stop, args.fresh_start, args.hellaswag)
     finally:
         dist.destroy_process_group()

@@ -1,7 +1,8 @@
 """metrics.jsonl and TensorBoard events of a run, written by rank 0.
 
-One JSON object a line: a train step (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `mfu`, `wall_s`)
-or a validation (`val_loss`), each with `step` and `tokens`. The report reads these, not logs.
+One JSON object a line: a train step (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `mfu`, `wall_s`),
+a validation (`val_loss`) or HellaSwag during training (`hellaswag`: acc_norm, `hellaswag_acc`,
+`hellaswag_items`, `eval_s`), each with `step` and `tokens`. The report reads these, not logs.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ class Metrics:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        group = "eval" if "hellaswag" in record else None  # eval/hellaswag, eval/eval_s, ...
         for key, value in record.items():
             if key not in ("step", "tokens") and value is not None:
-                self.tb.add_scalar(
-                    f"{'val' if key == 'val_loss' else 'train'}/{key}", value, record["step"]
-                )
+                prefix = group or ("val" if key == "val_loss" else "train")
+                self.tb.add_scalar(f"{prefix}/{key}", value, record["step"])
 
     def close(self) -> None:
         if self.enabled:
