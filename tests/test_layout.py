@@ -16,7 +16,7 @@ GROUND = {"config", "paths", "provenance", "files", "registry", "schema", "hardw
 MAY_IMPORT = {
     "data": {"data"},
     "models": {"data", "models"},
-    "train": {"data", "models", "train"},
+    "train": {"data", "models", "eval", "train"},  # its evaluations during training
     "eval": {"data", "models", "eval"},
     "chat": {"data", "models", "train", "eval", "chat"},
     "report": {"report"},

@@ -23,16 +23,11 @@ from test_train import MODEL, command, config, load_final, losses, manifest, met
 from conftest import CONFIG_FILE, RESOURCES, kill_at_checkpoint
 from lmpipe.config import TrainJob
 from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval.hellaswag import NUM_ENDINGS as ENDINGS
+from lmpipe.eval.hellaswag import load_items as load_hellaswag
 from lmpipe.paths import TOKENIZER_DIR
-from lmpipe.train.loop import (
-    ENDINGS,
-    NOT_TRAJECTORY,
-    Task,
-    hellaswag_correct,
-    hellaswag_share,
-    load_hellaswag,
-    trajectory_hash,
-)
+from lmpipe.train.hellaswag import hellaswag_correct, hellaswag_share
+from lmpipe.train.loop import NOT_TRAJECTORY, Task, trajectory_hash
 
 __all__ = ["manifest"]  # test_train's fixture, used here
 
@@ -68,7 +63,7 @@ def test_a_malformed_file_names_its_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     good = HELLASWAG.read_text().splitlines()[0]
     bad.write_text(good + "\n\n" + json.dumps({"ctx": "x", "endings": ["a"], "label": 0}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:3: not a HellaSwag item"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: field 'activity_label' missing"):
         load_hellaswag(bad, 5)
 
 

@@ -25,26 +25,23 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 
 from lmpipe import provenance
 from lmpipe.config import TrainConfig, TrainJob, settings_hash
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
-from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval.hellaswag import load_items
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops
 from lmpipe.models import build_model
-from lmpipe.paths import TOKENIZER_DIR
 from lmpipe.train.checkpoint import Checkpointer, save_final
+from lmpipe.train.hellaswag import hellaswag_correct, hellaswag_share
 from lmpipe.train.metrics import Metrics
 from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
 from lmpipe.train.parallel import Dist, die_with_parent, init_distributed, local_numel, parallelize
@@ -56,7 +53,6 @@ EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retr
 NOT_TRAJECTORY = (
     "val_every", "val_tokens", "eval_every", "eval_items", "checkpoint_every", "keep_checkpoints"
 )  # fmt: skip
-ENDINGS = 4  # a HellaSwag item's endings (lmpipe.eval.hellaswag.NUM_ENDINGS)
 
 
 @dataclass
@@ -147,144 +143,6 @@ def evaluate(model: torch.nn.Module, batches: list[Batch], device: torch.device)
     return total.item() / (len(batches) * dist.get_world_size())  # host sync
 
 
-# ----------------------------------------------------------------------------------------------
-# HellaSwag during training, as llm.c does: the model as it trains, llm.c's scoring, the items
-# shared out over the ranks. The scoring is lmpipe.eval.hellaswag's "llmc" mode (tokens of `ctx`,
-# then of " " + ending; acc from the ending's summed log-probability, acc_norm from its mean a
-# token), restated here because train/ never imports eval/ (tests/test_layout.py);
-# tests/test_train_eval.py checks that both count the same on the same weights.
-
-Row = tuple[list[int], list[int]]  # (context tokens, ending tokens)
-
-
-@dataclass
-class HellaSwagShare:
-    """This rank's strided share of the items (items[rank::world_size]), tokenized, and padded
-    to as many items as every other rank's: under FSDP each forward all-gathers parameters, so
-    every rank must run the same number of them. A padding item is scored and never counted."""
-
-    rows: list[Row]  # ENDINGS a item, in item order
-    labels: list[int]  # one an item; -1: padding
-    total: int  # items over all ranks
-
-
-def load_hellaswag(path: Path, limit: int) -> list[dict[str, Any]]:
-    """The first `limit` items (all, if the file holds fewer) of a rowanz-format jsonl."""
-    items: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if len(items) == limit:
-                break
-            if not line.strip():
-                continue
-            item = json.loads(line)
-            endings, label = item.get("endings"), str(item.get("label"))
-            if not (
-                isinstance(item.get("ctx"), str)
-                and isinstance(endings, list)
-                and len(endings) == ENDINGS
-                and all(isinstance(e, str) for e in endings)
-                and label in ("0", "1", "2", "3")
-            ):
-                raise ValueError(f"{path}:{lineno}: not a HellaSwag item (ctx, 4 endings, label)")
-            items.append({"ctx": item["ctx"], "endings": endings, "label": int(label)})
-    if not items:
-        raise ValueError(f"{path}: no HellaSwag items")
-    return items
-
-
-def hellaswag_share(items: list[dict[str, Any]], rank: int, world_size: int) -> HellaSwagShare:
-    """Rank `rank`'s share of `items`, tokenized with GPT-2's BPE, padded (see HellaSwagShare)."""
-    enc = gpt2_encoding(TOKENIZER_DIR)
-
-    def rows(item: dict[str, Any]) -> list[Row]:
-        ctx = enc.encode_ordinary(item["ctx"])
-        return [(ctx, enc.encode_ordinary(" " + e)) for e in item["endings"]]
-
-    mine = items[rank::world_size]
-    padding = math.ceil(len(items) / world_size) - len(mine)
-    share = HellaSwagShare([], [], len(items))
-    for item in mine:
-        share.rows += rows(item)
-        share.labels.append(item["label"])
-    share.rows += rows(items[0]) * padding
-    share.labels += [-1] * padding
-    return share
-
-
-@contextmanager
-def root_unsharded(model: torch.nn.Module) -> Iterator[None]:
-    """The FSDP root's own parameters (embeddings, final norm, the tied head) gathered while a
-    scorer calls `hidden_states` and `head`, which bypass the root's forward hook that would
-    gather them (each block still gathers its own in its hook). The root must have run a forward
-    once before (FSDP2's lazy init): the loop's validation at step 0, or a training step."""
-    if not isinstance(model, FSDPModule):
-        yield
-        return
-    model.unshard()
-    try:
-        yield
-    finally:
-        model.reshard()
-
-
-@torch.no_grad()
-def ending_logprobs(
-    model: torch.nn.Module, rows: list[Row], batch_rows: int, device: torch.device
-) -> np.ndarray:
-    """Summed log-probability of each row's ending given its context, as
-    lmpipe.eval.hellaswag.continuation_logprobs: rows sorted longest first and padded on the
-    right (causal attention: the padding never changes a real position), a context longer than
-    block_size cut from the left, the LM head at the ending's positions only."""
-    T = model.config.block_size
-    out = np.zeros(len(rows), dtype=np.float64)
-    order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
-    for start in range(0, len(order), batch_rows):
-        chunk = order[start : start + batch_rows]
-        seqs = [(rows[i][0] + rows[i][1])[-(T + 1) :] for i in chunk]
-        idx = torch.zeros((len(seqs), max(len(s) for s in seqs) - 1), dtype=torch.long)
-        batch_ids, positions, targets = [], [], []
-        for b, (i, seq) in enumerate(zip(chunk, seqs, strict=True)):
-            n_in, n_end = len(seq) - 1, len(rows[i][1])
-            idx[b, :n_in] = torch.tensor(seq[:-1])
-            batch_ids += [b] * n_end
-            positions += range(n_in - n_end, n_in)  # the positions that predict the ending
-            targets += seq[-n_end:]
-        h = model.hidden_states(idx.to(device))  # (B, L, C)
-        ids = torch.tensor(batch_ids, device=device)
-        logits = model.head(h[ids, torch.tensor(positions, device=device)])  # (N, V) fp32
-        target_logits = logits.gather(1, torch.tensor(targets, device=device)[:, None])
-        logp = target_logits.squeeze(1) - torch.logsumexp(logits, dim=-1)
-        sums = torch.zeros(len(chunk), dtype=torch.float64, device=device)
-        sums.index_add_(0, ids, logp.double())
-        out[chunk] = sums.cpu().numpy()
-    return out
-
-
-def hellaswag_correct(
-    model: torch.nn.Module, share: HellaSwagShare, batch_items: int, device: torch.device
-) -> tuple[int, int]:
-    """Items right over all ranks: (by acc_norm, by acc). The model scores in eval mode under
-    no_grad and is left in the mode it was in."""
-    was_training = model.training
-    model.eval()
-    try:
-        with root_unsharded(model):
-            ll = ending_logprobs(model, share.rows, batch_items * ENDINGS, device)
-    finally:
-        model.train(was_training)
-    ll = ll.reshape(-1, ENDINGS)
-    lengths = np.array([len(end) for _, end in share.rows], dtype=np.float64)
-    labels = np.array(share.labels)
-    counted = labels >= 0
-    right_norm = ((ll / lengths.reshape(-1, ENDINGS)).argmax(axis=1) == labels) & counted
-    right = (ll.argmax(axis=1) == labels) & counted
-    counts = torch.tensor([int(right_norm.sum()), int(right.sum())], device=device)
-    dist.all_reduce(counts)  # SUM
-    norm, plain = counts.tolist()
-    return norm, plain
-
-
 def write_provenance(
     job: TrainJob, model: torch.nn.Module, d: Dist, digest: str, peak: float, out: Path
 ) -> None:
@@ -330,7 +188,7 @@ def run(
                 f"runs.{job.run}.train.eval_every is {tc.eval_every}: HellaSwag during training"
                 " needs its items file (--hellaswag)"
             )
-        share = hellaswag_share(load_hellaswag(hellaswag, tc.eval_items), d.rank, d.world_size)
+        share = hellaswag_share(load_items(hellaswag, tc.eval_items), d.rank, d.world_size)
     accum = tc.grad_accum_steps(d.world_size)
     digest = trajectory_hash(job, task, d.world_size)
     peak = peak_flops(job, d.device)  # a device's FLOP/s, for MFU
