@@ -76,9 +76,13 @@ def last_position_logprobs(
         h = model.hidden_states(idx.to(device))  # (B, L, C)
         last = torch.tensor([len(s) - 1 for s in seqs], device=device)
         logp = torch.log_softmax(model.head(h[torch.arange(len(seqs), device=device), last]), -1)
-        logp = logp.double().cpu().numpy()
-        for b, i in enumerate(chunk):
-            out[i] = logp[b, targets[i]]
+        rows = torch.tensor([b for b, i in enumerate(chunk) for _ in targets[i]], device=device)
+        cols = torch.tensor([t for i in chunk for t in targets[i]], device=device)
+        picked = logp[rows, cols].double().cpu().numpy()
+        start = 0
+        for i in chunk:
+            out[i] = picked[start : start + len(targets[i])]
+            start += len(targets[i])
         if progress is not None:
             progress.update(sum(len(targets[i]) for i in chunk))
     return out
