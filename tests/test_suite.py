@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import shutil
+import tempfile
 import zipfile
 
 import numpy as np
@@ -432,6 +433,9 @@ def test_cli_writes_the_result(manifest, hf_dir, tmp_path):
     assert result["metric"] == "suite" and result["items_limit"] == 3
     assert result["tasks"]["copa"]["items"] == 3 and len(result["per_item"]["arc_easy"]["acc"]) == 3
     assert result["produced_by"]["module"] == "lmpipe.eval.suite.native"
+    assert result["produced_by"]["data"]["sha256"] == {
+        name: suite_data.FOLDER_SHA256[name] for name in ("copa", "arc_easy")
+    }
 
 
 # ---- the native scorer equals the real lm-eval harness, item by item ----------------------------
@@ -476,3 +480,78 @@ def test_native_equals_harness(both_scorers, name):
         assert mine.acc_norm == theirs.acc_norm
     # and lm-eval's aggregates (MMLU: its size-weighted group and pooled stderr)
     assert task_metrics(TASKS[name], mine) == pytest.approx(their_metrics, abs=1e-12)
+
+
+# ---- every item's requests equal lm-eval's own (no model: prompts, gold, tokens) ----------------
+
+N_MMLU_REQUESTS = 20  # of each MMLU subject; every item of the other tasks
+
+
+@pytest.fixture(scope="module")
+def lm_eval_requests(manifest, hf_dir):
+    """lm-eval's requests for the local tasks, built by lm-eval's own task code (as
+    simple_evaluate does, zero-shot), per task: {doc_id: (contexts, continuations, gold,
+    choice lengths)}, and lm-eval's `_encode_pair` with the converted folder's HF tokenizer."""
+    import types
+
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoTokenizer
+
+    from lmpipe.eval.suite import harness
+
+    data = {name: load_task(manifest, name) for name in TASKS}
+    out = {}
+    with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as work:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        manager = TaskManager(
+            include_path=str(harness.write_tasks(data, work)), include_defaults=False
+        )
+        loaded = manager.load([harness.local_name(name) for name in TASKS])["tasks"]
+        for local, task in loaded.items():
+            task.set_config(key="num_fewshot", value=0)
+            task.build_all_requests(limit=N_MMLU_REQUESTS if "mmlu" in local else None)
+            docs = {}
+            for inst in sorted(task.instances, key=lambda i: (i.doc_id, i.idx)):
+                contexts, continuations, _ = docs.setdefault(inst.doc_id, ([], [], inst.doc))
+                contexts.append(inst.arguments[0])
+                continuations.append(inst.arguments[1])
+            out[local] = []
+            for contexts, continuations, doc in docs.values():
+                choices = task.doc_to_choice(doc)
+                gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
+                gold = choices.index(gold) if isinstance(gold, str) else gold
+                out[local].append((contexts, continuations, gold, [len(c) for c in choices]))
+    out = {name: out.get(harness.local_name(name)) for name in CORE_TASKS} | {
+        "mmlu": [r for s in MMLU_SUBJECTS for r in out[harness.subject_task(s)]]
+    }
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    lm = types.SimpleNamespace(backend="causal", tok_encode=tokenizer.encode)
+
+    def encode_pair(context, continuation):
+        ctx, cont = TemplateLM._encode_pair(lm, context, continuation)
+        return list(ctx), list(cont)
+
+    return data, out, encode_pair
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TASKS))
+def test_every_request_equals_lm_eval_s(lm_eval_requests, name):
+    data, theirs, their_encode_pair = lm_eval_requests
+    items = data[name].items
+    if name == "mmlu":  # the first N_MMLU_REQUESTS of each subject
+        items, start = [], 0
+        for n in data[name].subjects.values():
+            items += data[name].items[start : start + N_MMLU_REQUESTS]
+            start += n
+    assert len(theirs[name]) == len(items) > 0
+    for i, (item, (contexts, continuations, gold, lengths)) in enumerate(
+        zip(items, theirs[name], strict=True)
+    ):
+        assert list(item.contexts) == contexts, (name, i)
+        assert list(item.continuations) == continuations, (name, i)
+        assert item.gold == gold and list(item.choice_lengths) == lengths, (name, i)
+        for ctx, cont in zip(contexts, continuations, strict=True):
+            assert native.encode_pair(ENC, ctx, cont) == their_encode_pair(ctx, cont), (name, i)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmpipe.eval.suite.data import SuiteDataError, TaskData, load_task
+from lmpipe.eval.suite.data import SuiteDataError, TaskData, load_task, read_manifest
 from lmpipe.eval.suite.metrics import TaskScore, task_metrics
 from lmpipe.eval.suite.tasks import CORE_TASKS, TASKS
 from lmpipe.registry import SuiteSettings
@@ -50,6 +50,16 @@ def load_tasks(
     if not data:
         raise SuiteDataError("no suite task could be read:\n" + "\n".join(failed.values()))
     return data, failed
+
+
+def data_provenance(manifest: Path, names: list[str]) -> dict[str, Any]:
+    """The data's package and each scored task's folder sha256, from the manifest."""
+    m = read_manifest(manifest)
+    return {
+        "manifest": str(manifest),
+        "package": m.get("package"),
+        "sha256": {n: m["tasks"][n]["sha256"] for n in names if n in m.get("tasks", {})},
+    }
 
 
 def suite_result(
@@ -111,7 +121,11 @@ def evaluate(
         score = native.score_task(model, task_data, enc, settings.batch, device)
         scores[name] = (score, task_metrics(TASKS[name], score))
     produced = produced_by(
-        "lmpipe.eval.suite.native", model_dir, "lm_eval", manifest=str(manifest), device=device
+        "lmpipe.eval.suite.native",
+        model_dir,
+        "lm_eval",
+        data=data_provenance(manifest, list(data)),
+        device=device,
     )
     return suite_result(settings, scores, failed, produced)
 
@@ -163,7 +177,7 @@ def evaluate_lm_eval(
         model_dir,
         "lm_eval",
         harness="lm-eval simple_evaluate, model hf, the local *_lmpipe tasks",
-        manifest=str(manifest),
+        data=data_provenance(manifest, list(data)),
         device=device,
     )
     return suite_result(settings, scores, failed, produced)
