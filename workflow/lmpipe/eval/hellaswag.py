@@ -157,8 +157,11 @@ def continuation_logprobs(
     batch_rows: int,
     device: str | torch.device = "cpu",
     progress: tqdm | None = None,
+    rows_per_step: float = NUM_ENDINGS,
 ) -> np.ndarray:
     """Summed log-probability of each row's continuation given its context.
+
+    `progress` advances by one for every `rows_per_step` rows scored (HellaSwag: an item).
 
     A row longer than the model's block_size loses tokens from the left of its context (as
     lm-eval truncates). Rows are sorted longest first and padded on the right: with causal
@@ -192,7 +195,7 @@ def continuation_logprobs(
         sums.index_add_(0, torch.tensor(batch_ids, device=device), logp.double())
         out[chunk] = sums.cpu().numpy()
         if progress is not None:
-            progress.update(len(chunk) / NUM_ENDINGS)
+            progress.update(len(chunk) / rows_per_step)
     return out
 
 
