@@ -26,8 +26,8 @@ import torch
 
 from lmpipe.config import ModelConfig, named_models
 from lmpipe.eval.results import default_device
-from lmpipe.eval.suite import evaluate, evaluate_lm_eval
 from lmpipe.eval.suite.data import prepare
+from lmpipe.eval.suite.score import evaluate, evaluate_lm_eval
 from lmpipe.eval.suite.tasks import TASKS
 from lmpipe.models.gpt2.hf import write_hf
 from lmpipe.models.gpt2.model import GPT

@@ -18,9 +18,10 @@ from lmpipe.config import canonical_json
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 from lmpipe.eval.hellaswag import continuation_logprobs
 from lmpipe.eval.suite import data as suite_data
-from lmpipe.eval.suite import evaluate, native, suite_result
+from lmpipe.eval.suite import native
 from lmpipe.eval.suite.data import SuiteDataError, load_task
 from lmpipe.eval.suite.metrics import TaskScore, mean_stderr, pooled_stderr, task_metrics
+from lmpipe.eval.suite.score import evaluate, suite_result
 from lmpipe.eval.suite.tasks import CORE_TASKS, MMLU_SUBJECTS, TASKS, mmlu_description
 from lmpipe.models import load_hf
 from lmpipe.models.gpt2.hf import write_hf
@@ -61,8 +62,11 @@ def small_copy(tmp_path, names):
 # ---- the task definitions ----------------------------------------------------------------------
 
 
-def test_tasks_are_the_registry_s():
-    assert tuple(TASKS) == SUITE_TASKS
+def test_tasks_are_the_registry_s(manifest):
+    """The same tasks, and the registry's item counts (the plan's) are the data's."""
+    assert tuple(TASKS) == tuple(SUITE_TASKS)
+    tasks = json.loads(manifest.read_text())["tasks"]
+    assert {t: e["items"] for t, e in tasks.items()} == {t: s.items for t, s in SUITE_TASKS.items()}
     assert "mmlu" not in CORE_TASKS and len(CORE_TASKS) == len(TASKS) - 1
 
 

@@ -248,7 +248,7 @@ EVALUATIONS: dict[str, Evaluation] = {
         ),
         Evaluation(
             "suite",
-            "lmpipe.eval.suite:evaluate",
+            "lmpipe.eval.suite.score:evaluate",
             "suite",
             inputs=("suite",),
             applies=lambda settings, chat: bool(settings.tasks),
@@ -257,7 +257,7 @@ EVALUATIONS: dict[str, Evaluation] = {
         ),
         Evaluation(
             "suite_lm_eval",
-            "lmpipe.eval.suite:evaluate_lm_eval",
+            "lmpipe.eval.suite.score:evaluate_lm_eval",
             "suite",
             inputs=("suite",),
             applies=lambda settings, chat: bool(settings.tasks) and settings.lm_eval,
