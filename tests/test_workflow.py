@@ -28,8 +28,8 @@ def test_plans_the_full_124m_dag_offline(workdir):
     out = proc.stdout + proc.stderr
     planned = {
         "download": 1, "tokenize": 1, "train": 1, "convert": 1, "export_llmc": 1, "report": 1,
-        "download_hellaswag": 1,
-        "evaluate": 4,  # val_loss, hellaswag, hellaswag_lm_eval, samples
+        "download_hellaswag": 1, "download_suite": 1,
+        "evaluate": 6,  # val_loss, hellaswag, hellaswag_lm_eval, samples, suite, suite_lm_eval
     }  # fmt: skip
     for rule, count in planned.items():
         assert re.search(rf"^{rule}\s+{count}$", out, re.M), (
