@@ -246,7 +246,8 @@ def _core_row(runs: list[Run], scores: list[dict[str, Score]]) -> Row | None:
                 if a and b and a.correct and b.correct and len(a.correct) == len(b.correct):
                     pairs.append((a.correct, b.correct))
         paired.append(paired_mean_test(pairs) if pairs and len(pairs) == len(tasks) else None)
-    return Row("core", "core average (suite, no MMLU)", "mean", None, cores, paired, [])
+    no_figures: list[tuple[float, bool] | None] = [None] * len(task_references())
+    return Row("core", "core average (suite, no MMLU)", "mean", None, cores, paired, no_figures)
 
 
 def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
