@@ -216,3 +216,34 @@ def test_continuation_logprobs_sum_the_endings_log_probabilities_in_any_batch():
     assert sum(updates) == pytest.approx(3 * len(rows) / 4)  # items: 4 rows each
     with pytest.raises(AssertionError, match="ending of 7 tokens vs block_size 6"):
         hellaswag.continuation_logprobs(model, [([1], [2] * 7)], 2)
+
+
+# ---- the `hellaswag` evaluation ----------------------------------------------------------------
+
+
+def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, monkeypatch, capsys):
+    """`evaluate`: value = acc_norm of llm.c scoring over the first `items` items of the file,
+    acc beside it; a file with fewer items than asked is scored whole, with a note."""
+    from lmpipe.models.gpt2.model import GPT, GPTConfig
+    from lmpipe.registry import HellaSwagSettings
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=128)).eval()
+    monkeypatch.setattr(hellaswag, "load_hf", lambda d: model)
+    path = tmp_path / "hs.jsonl"
+    items = [item(label=i % 4) for i in range(5)]
+    path.write_text("\n".join(map(json.dumps, items)) + "\n")
+    inputs = {"hellaswag": path}
+    want = hellaswag.score(model, items[:3], ENC, "llmc", show_progress=False)
+    r = hellaswag.evaluate(HellaSwagSettings(items=3, batch=2), tmp_path, inputs, "cpu")
+    assert (r["metric"], r["value"], r["acc"], r["items"]) == (
+        "hellaswag",
+        want.acc_norm,
+        want.acc,
+        3,
+    )
+    assert r["acc_norm"] == want.acc_norm
+    assert r["produced_by"]["scoring"] == "llmc" and r["produced_by"]["items_file"] == str(path)
+    assert "fewer" not in capsys.readouterr().out
+    r = hellaswag.evaluate(HellaSwagSettings(items=9, batch=4), tmp_path, inputs, "cpu")
+    assert r["items"] == 5 and f"{path} holds 5 items, fewer than 9" in capsys.readouterr().out

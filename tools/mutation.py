@@ -51,21 +51,24 @@ NO_TESTS = {5, 33}
 TIMEOUT = {24, -24, 36, 152, 255}
 
 
+COPIED = ["workflow", "tests", "resources", "config", "Snakefile"]  # what the tests read
+
+
 def checkout(at: str | None, work: Path) -> None:
-    """workflow/lmpipe and tests/ of the working tree, or of commit `at`, into `work`."""
+    """COPIED of the working tree, or of commit `at`, into `work`; lmpipe/ moved to the top."""
     if at is None:
         skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-        shutil.copytree(REPO / "workflow" / "lmpipe", work / "lmpipe", ignore=skip)
-        shutil.copytree(REPO / "tests", work / "tests", ignore=skip)
-        return
-    tar = subprocess.run(
-        ["git", "-C", str(REPO), "archive", at, "workflow/lmpipe", "tests"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(work)], input=tar, check=True)
+        for name in COPIED:
+            if (REPO / name).is_dir():
+                shutil.copytree(REPO / name, work / name, ignore=skip)
+            else:
+                shutil.copy(REPO / name, work / name)
+    else:
+        tar = subprocess.run(
+            ["git", "-C", str(REPO), "archive", at, *COPIED], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=tar, check=True)
     (work / "workflow" / "lmpipe").rename(work / "lmpipe")
-    (work / "workflow").rmdir()
 
 
 def layout(name: str, at: str | None) -> Path:
@@ -77,10 +80,9 @@ def layout(name: str, at: str | None) -> Path:
     work.mkdir(parents=True)
     checkout(at, work)
     tests = [f for f in test_files if (work / "tests" / f).exists()]
-    for folder in ("resources", "config"):
-        # lmpipe.paths.REPO_ROOT (mutants/lmpipe/paths.py, 2 up) is `work`; conftest's REPO
-        # (mutants/tests/conftest.py, 1 up) is `work/mutants`, which mutmut fills by also_copy
-        (work / folder).symlink_to(REPO / folder)
+    # lmpipe.paths.REPO_ROOT (mutants/lmpipe/paths.py, 2 up) is `work`; conftest's REPO
+    # (mutants/tests/conftest.py, 1 up) is `work/mutants`, which mutmut fills by also_copy
+    also_copy = [name for name in COPIED if name != "tests"]
     pyproject = REPO / "pyproject.toml"
     import tomllib
 
@@ -93,7 +95,7 @@ def layout(name: str, at: str | None) -> Path:
         "[tool.mutmut]",
         'source_paths = ["lmpipe"]',
         f'only_mutate = ["{source}"]',
-        'also_copy = ["resources", "config"]',
+        f"also_copy = {json.dumps(also_copy)}",
         f"pytest_add_cli_args_test_selection = {json.dumps([f'tests/{f}' for f in tests])}",
         f'pytest_add_cli_args = ["-m", "{FAST}", "-p", "no:cacheprovider"]',
         "use_git_change_detection = false",
@@ -103,9 +105,11 @@ def layout(name: str, at: str | None) -> Path:
     return work
 
 
-def count(work: Path, source: str) -> dict[str, object]:
+def count(work: Path, source: str, uncovered: bool) -> dict[str, object]:
     meta = json.loads((work / "mutants" / (source + ".meta")).read_text())
     codes = meta["exit_code_by_key"]
+    if uncovered:  # no selected test runs any of the module's code: every mutant lives
+        codes = dict.fromkeys(codes, 33)
     killed = [k for k, c in codes.items() if c in KILLED]
     survived = [k for k, c in codes.items() if c in SURVIVED or c in NO_TESTS]
     timeout = [k for k, c in codes.items() if c in TIMEOUT]
@@ -139,10 +143,14 @@ def run(name: str, jobs: int, survivors: bool, at: str | None) -> dict[str, obje
             [*mutmut, "run", "--max-children", str(jobs)], cwd=work, env=env, stdout=f, stderr=f
         )
     seconds = time.time() - t0
-    if proc.returncode != 0:
+    uncovered = "could not find any test case for any mutant" in log.read_text()
+    if proc.returncode != 0 and not uncovered:
         raise RuntimeError(f"{name}: mutmut run failed ({proc.returncode}); see {log}")
-    result = count(work, source) | {"module": name, "file": source, "seconds": round(seconds)}
+    result = count(work, source, uncovered)
+    result |= {"module": name, "file": source, "seconds": round(seconds)}
     (work / "result.json").write_text(json.dumps(result, indent=1))
+    kept = WORK / f"{name}-{at or 'tree'}.json"  # survives the next run's fresh layout
+    kept.write_text(json.dumps(result, indent=1))
     if survivors:
         for key in result["survivor_names"] + result["other_names"]:
             diff = subprocess.run(
