@@ -12,8 +12,9 @@ import pytest
 
 from conftest import TOKENIZER_DIR
 from lmpipe.chat import data
+from lmpipe.chat.template import check_conversation, render
 from lmpipe.config import ConversationsConfig, canonical_json
-from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.data.tokenizer import EOT, EOT_ID, gpt2_encoding
 
 ENC = gpt2_encoding(str(TOKENIZER_DIR))
 
@@ -23,6 +24,9 @@ def chat(cid: str, reply: str = "Hello") -> dict:
         "id": cid,
         "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": reply}],
     }
+
+
+REPLY = [{"from": "gpt", "value": "ok"}]
 
 
 def config(**kw) -> ConversationsConfig:
@@ -49,10 +53,12 @@ def test_prepare_refuses_an_unknown_template_and_an_empty_split():
         data.prepare([chat("a"), chat("b"), chat("c")], config(val_percent=0.0), ENC)
 
 
-def test_written_arrays_and_manifest_follow_the_format(tmp_path):
+def test_written_arrays_and_manifest_follow_the_format(tmp_path, capsys):
     """int32 arrays (rows, seq_len), inputs padded with end-of-text, targets with -1; the
     manifest counts conversations, rows kept per split, loss tokens, skipped and truncated."""
-    records = [chat(f"c{i}") for i in range(12)] + [{"id": "bad"}, chat("long", "word " * 40)]
+    huge = {"id": "huge", "conversations": [{"from": "human", "value": "z " * 80}] + REPLY}
+    records = [chat(f"c{i}") for i in range(6)] + [{"id": "bad"}, huge, {"conversations": []}]
+    records += [chat(f"d{i}") for i in range(6)] + [chat("long", "word " * 40)]
     cfg = config(on_malformed="skip")
     m = data.write(data.prepare(records, cfg, ENC), cfg, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
@@ -63,11 +69,13 @@ def test_written_arrays_and_manifest_follow_the_format(tmp_path):
         "val_targets.npy",
     ]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == m
-    assert m["conversations"] == 14 and m["kept"]["train"] + m["kept"]["val"] == 13
-    assert m["skipped"] == {"malformed": 1, "too_long": 0}
+    assert m["conversations"] == 16 and m["kept"]["train"] + m["kept"]["val"] == 13
+    assert m["skipped"] == {"malformed": 2, "too_long": 1} and m["too_long_ids"] == ["huge"]
     assert (m["truncated"], m["truncated_ids"]) == (1, ["long"])
     assert m["seq_len"] == 64 and m["eot"] == EOT_ID and m["ignore_index"] == -1
-    assert len(m["malformed_examples"]) == 1 and "'bad'" in m["malformed_examples"][0]
+    assert m["dataset"] == "c" and m["kind"] == "conversations" and m["template"] == "vicuna_v1.1"
+    assert "'bad'" in m["malformed_examples"][0] and "'#8'" in m["malformed_examples"][1]
+    assert "skipped: conversation 'bad'" in capsys.readouterr().out
     for split in ("train", "val"):
         x = np.load(tmp_path / "out" / f"{split}_inputs.npy", allow_pickle=False)
         y = np.load(tmp_path / "out" / f"{split}_targets.npy", allow_pickle=False)
@@ -88,6 +96,18 @@ def test_the_manifest_lists_at_most_50_ids_of_each_kind(tmp_path):
     cfg = config(on_malformed="skip")
     m = data.write(data.prepare(records, cfg, ENC), cfg, tmp_path / "out")
     assert m["skipped"]["malformed"] == 60 and len(m["malformed_examples"]) == 50
+
+
+def test_a_row_holds_seq_len_inputs_and_their_next_tokens(tmp_path):
+    """A conversation of seq_len + 1 tokens fills a row exactly, untruncated; one token more is
+    truncated. Inputs are the tokens, targets the next ones where they count (int32 both)."""
+    _, turns = check_conversation(chat("a", "Hello there"), 0)
+    tokens = ENC.encode(render(turns), allowed_special={EOT})
+    exact = data.to_row(ENC, turns, seq_len=len(tokens) - 1)
+    assert exact.truncated is False
+    assert exact.inputs.tolist() == tokens[:-1] and exact.targets[-1] == EOT_ID
+    assert exact.inputs.dtype == exact.targets.dtype == np.int32
+    assert data.to_row(ENC, turns, seq_len=len(tokens) - 2).truncated is True
 
 
 @pytest.mark.parametrize("form", ["list", "lines"])
