@@ -8,12 +8,14 @@
 
 mutmut 3 names a mutant after its file's path and matches it against the module the tests
 import, so it must run where the package is a top-level folder (`lmpipe/`, not
-`workflow/lmpipe/`). This script lays out such a folder, `build/mutation/<module>/`: a copy of
-`workflow/lmpipe`, the module's fast tests (never `slow` or `slurm` ones) and `conftest.py`,
-`resources/` and `config/`, then runs `mutmut run` in it with PYTHONPATH on the mutated copy
-(so a test's subprocess imports the mutants too) and prints, per module: mutants, killed,
-survived (mutmut's "survived" plus "no tests": code no selected test runs), timeout, and the
-surviving share. A fresh copy every run: the figures never come from a stale cache.
+`workflow/lmpipe/`). This script lays out such a folder, `build/mutation/<module>/`:
+`workflow/lmpipe` moved to the top, `tests/` (only the module's fast tests run: never `slow`,
+`slurm` or `gpu`), `workflow/`, `resources/`, `config/` and `Snakefile`; runs `mutmut run` in
+it with PYTHONPATH on the mutated copy (a test's subprocess imports the mutants too); and prints,
+per module: mutants, killed, survived (mutmut's "survived" plus "no tests": code no selected
+test runs; "no test" counts those), timeout, and the surviving share. A fresh copy every run:
+the figures never come from a stale cache; each run's figures are kept in
+`build/mutation/<module>-<commit or tree>.json`.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def count(work: Path, source: str, uncovered: bool) -> dict[str, object]:
         "killed": len(killed),
         "survived": len(survived),
         "timeout": len(timeout),
+        "no_tests": sum(1 for c in codes.values() if c in NO_TESTS),
         "other": len(other),
         "surviving_share": len(survived) / len(codes) if codes else 0.0,
         "survivor_names": sorted(survived),
@@ -156,7 +159,7 @@ def run(name: str, jobs: int, survivors: bool, at: str | None) -> dict[str, obje
             diff = subprocess.run(
                 [*mutmut, "show", key], cwd=work, env=env, capture_output=True, text=True
             )
-            print(diff.stdout)
+            print(f"## {key}\n{diff.stdout}")
     return result
 
 
@@ -178,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         if name not in MODULES:
             p.error(f"unknown module {name!r}; known: {', '.join(MODULES)}")
-    header = f"{'module':11} {'mutants':>7} {'killed':>6} {'survived':>8} {'timeout':>7}"
+    header = f"{'module':11} {'mutants':>7} {'killed':>6} {'survived':>8} {'no test':>7}"
+    header += f" {'timeout':>7}"
     rows = []
     failed = []
     for name in names:
@@ -189,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
             failed.append(name)
             continue
         rows.append(
-            f"{name:11} {r['mutants']:7d} {r['killed']:6d} {r['survived']:8d} {r['timeout']:7d}"
+            f"{name:11} {r['mutants']:7d} {r['killed']:6d} {r['survived']:8d} {r['no_tests']:7d}"
+            f" {r['timeout']:7d}"
             f" {r['surviving_share']:8.1%} {r['seconds']:6d} s"
             + (f"  ({r['other']} other: {', '.join(r['other_names'])})" if r["other"] else "")
         )
