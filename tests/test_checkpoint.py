@@ -9,6 +9,9 @@ deleted; unfinished `.tmp` folders removed when a run starts.
 from __future__ import annotations
 
 import json
+import logging
+import pickle
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -199,17 +202,56 @@ def test_other_settings_are_moved_aside_by_hash_never_resumed(tmp_path):
     assert state["settings_hash"] == OTHER
 
 
-def test_a_fresh_start_moves_every_checkpoint_to_retired_utc_time(tmp_path):
-    """--fresh-start: all checkpoints (any settings) go to retired/{UTC time}/; none deleted."""
+def test_a_fresh_start_moves_every_checkpoint_to_retired_utc_time(tmp_path, monkeypatch, caplog):
+    """--fresh-start: all checkpoints (any settings) go to retired/{UTC time}/ (UTC whatever
+    the local time zone), none deleted, and the log says where."""
+    monkeypatch.setenv("TZ", "UTC-9")  # the local clock 9 hours ahead of UTC
+    time.tzset()
+    monkeypatch.undo()
     save(Checkpointer(tmp_path, OTHER, every=4, keep=5), 4)
     ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
     save(ckpt, 8)
-    ckpt.retire_all()
+    try:
+        with caplog.at_level(logging.INFO, logger="lmpipe.train.checkpoint"):
+            ckpt.retire_all()
+    finally:
+        time.tzset()
     (stamp,) = (tmp_path / "retired").iterdir()
     when = datetime.strptime(stamp.name, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
     assert abs((datetime.now(UTC) - when).total_seconds()) < 60
     assert names(stamp) == ["step_000004", "step_000008"]
+    assert f"moved 2 checkpoint(s) to {stamp}" in caplog.text
     assert ckpt.find_resume() is None
+
+
+def test_the_log_says_what_was_removed_moved_or_not_found(tmp_path, caplog):
+    """An unfinished checkpoint removed, another settings' moved (with both hashes and where
+    to), and a start without a checkpoint of these settings: each is logged."""
+    save(Checkpointer(tmp_path, OTHER, every=4, keep=5), 4)
+    (tmp_path / "step_000008.tmp").mkdir()
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    with caplog.at_level(logging.INFO, logger="lmpipe.train.checkpoint"):
+        assert ckpt.find_resume() is None
+    aside = tmp_path / "other-settings" / OTHER / "step_000004"
+    assert f"removing unfinished checkpoint {tmp_path / 'step_000008.tmp'}" in caplog.text
+    assert (
+        f"checkpoint {tmp_path / 'step_000004'} belongs to other settings (hash {OTHER}, now"
+        f" {MINE}): not resuming it; moved to {aside}" in caplog.text
+    )
+    assert f"no checkpoint of settings {MINE} in {tmp_path}: starting fresh" in caplog.text
+
+
+def test_rng_files_load_tensors_only(tmp_path):
+    """RNG files are loaded with weights_only: a file holding arbitrary objects is refused."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)
+    path = save(ckpt, 4)
+    torch.save({"cpu": torch.get_rng_state(), "x": Pickled()}, path / "rng_rank00000.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        ckpt.load(path, *model_and_optimizer())
+
+
+class Pickled:
+    """Any class: unpickling it would run code of the file's choosing."""
 
 
 def test_a_fresh_start_without_checkpoints_does_nothing(tmp_path):

@@ -105,6 +105,7 @@ def test_val_batches_are_this_ranks_share_of_the_first_val_tokens(tmp_path, n, v
         assert len(batches) == steps
         for i, (x, y) in enumerate(batches):
             ex, ey = expected((2 * i + r) * 8, 2, 4)
+            assert x.dtype == y.dtype == torch.int64
             assert torch.equal(x, ex) and torch.equal(y, ey)
             seen += x.flatten().tolist()
     assert sorted(seen) == list(range(16 * steps))
