@@ -87,7 +87,8 @@ def test_accumulation_steps_divide_the_batch_or_say_why_not():
         },
         "train",
     )
-    assert [t.grad_accum_steps(w) for w in (1, 2, 4)] == [4, 2, 1]
+    steps = [t.grad_accum_steps(w) for w in (1, 2, 4)]
+    assert steps == [4, 2, 1] and all(type(n) is int for n in steps)
     with pytest.raises(lc.ConfigError, match=r"64 is not divisible by .* = 8 \* 2 \* 3 = 48"):
         t.grad_accum_steps(3)
 
@@ -176,3 +177,64 @@ def test_report_params_keep_the_reports_run_order(cfg):
     assert a["evaluations"] == lc.evaluations_of(cfg, "embedded-a")
     assert a["train"] == json.loads(lc.train_params(cfg, "embedded-a"))["train"]
     assert a["eval"]["hellaswag"]["items"] == 100
+
+
+def test_run_config_is_the_runs_typed_config(cfg):
+    """Name, dataset and the model's name and shape of a run, as the config says."""
+    rc = lc.run_config(cfg, "embedded-a-chat")
+    assert (rc.name, rc.dataset, rc.model_name) == ("embedded-a-chat", "vicuna-dummy", "tiny")
+    assert rc.model == lc.build(lc.ModelConfig, cfg["models"]["tiny"], "m") and rc.fine_tuning
+
+
+@pytest.mark.parametrize(
+    ("section", "where"),
+    [
+        (lambda c: c["models"]["tiny"], "models.tiny"),
+        (lambda c: c["runs"]["embedded-a-chat"]["train"], "runs.embedded-a-chat.train"),
+        (lambda c: c["runs"]["embedded-a-chat"]["launch"], "runs.embedded-a-chat.launch"),
+        (lambda c: c["runs"]["embedded-a-chat"]["eval"]["chat"], "runs.embedded-a-chat.eval.chat"),
+        (lambda c: c["runs"]["embedded-a-chat"]["base"], "runs.embedded-a-chat.base"),
+        (lambda c: c["runs"]["embedded-a-chat"]["sft"], "runs.embedded-a-chat.sft"),
+    ],
+)
+def test_run_config_names_the_yaml_path_of_a_bad_key(cfg, section, where):
+    """Built without the schema's check, an unknown key still names its place in the YAML."""
+    section(cfg)["zz"] = 1
+    with pytest.raises(lc.ConfigError, match=f"^{where}: unknown key 'zz'$"):
+        lc.run_config(cfg, "embedded-a-chat")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda j: j["model"].pop("n_head"), "train job.model: 'n_head' is required"),
+        (lambda j: j["train"].update(zz=1), "train job.train: unknown key 'zz'"),
+        (
+            lambda j: j["train"]["optimizer"].update(name="adamx"),
+            "train job.train.optimizer.name: unknown optimizer 'adamx'",
+        ),
+        (lambda j: j["train"]["optimizer"].update(lrr=1), "train job.train.optimizer: unknown key"),
+    ],
+)
+def test_a_train_jobs_errors_name_the_nested_key(cfg, change, message):
+    """TrainJob.from_json: an error deep in the job names its path from `train job`."""
+    job = json.loads(lc.train_params(cfg, "embedded-a"))
+    change(job)
+    with pytest.raises(lc.ConfigError, match=f"^{message}"):
+        lc.TrainJob.from_json(json.dumps(job))
+
+
+def test_an_eval_job_reads_back_its_run_and_evaluation(cfg):
+    """EvalJob.from_json: run, evaluation and its section's typed settings."""
+    ev = lc.EvalJob.from_json(lc.eval_params(cfg, "embedded-b", "samples"))
+    assert (ev.run, ev.evaluation, ev.settings.top_k) == ("embedded-b", "samples", 50)
+    bad = json.dumps({"run": "r", "evaluation": "samples", "settings": {"topk": 1}})
+    with pytest.raises(lc.ConfigError, match=r"^eval\.samples: unknown key 'topk'"):
+        lc.EvalJob.from_json(bad)
+
+
+def test_a_named_models_error_names_the_model(tmp_path):
+    """named_models: an incomplete size is an error naming models.<name>."""
+    (tmp_path / "c.yaml").write_text("models:\n  d1: {n_layer: 1, n_embd: 8}\n")
+    with pytest.raises(lc.ConfigError, match=r"^models\.d1: 'n_head' is required"):
+        lc.named_models(tmp_path / "c.yaml")
