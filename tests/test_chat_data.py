@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from conftest import TOKENIZER_DIR
 from lmpipe.chat import data
 from lmpipe.chat.template import check_conversation, render
-from lmpipe.config import ConversationsConfig, canonical_json
+from lmpipe.config import ConfigError, ConversationsConfig, canonical_json
 from lmpipe.data.tokenizer import EOT, EOT_ID, gpt2_encoding
 
 ENC = gpt2_encoding(str(TOKENIZER_DIR))
@@ -74,6 +76,7 @@ def test_written_arrays_and_manifest_follow_the_format(tmp_path, capsys):
     assert (m["truncated"], m["truncated_ids"]) == (1, ["long"])
     assert m["seq_len"] == 64 and m["eot"] == EOT_ID and m["ignore_index"] == -1
     assert m["dataset"] == "c" and m["kind"] == "conversations" and m["template"] == "vicuna_v1.1"
+    assert (m["tokenizer"], m["val_percent"], m["on_malformed"]) == ("gpt2", 50.0, "skip")
     assert "'bad'" in m["malformed_examples"][0] and "'#8'" in m["malformed_examples"][1]
     assert "skipped: conversation 'bad'" in capsys.readouterr().out
     for split in ("train", "val"):
@@ -157,3 +160,32 @@ def test_the_cli_prepares_a_local_file(tmp_path, capsys):
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["conversations"] == 8 and m["seq_len"] == 64 and m["dataset"] == "c"
     assert "c: 8 conversations ->" in capsys.readouterr().out
+
+
+def test_a_hub_source_is_loaded_with_the_configs_repo_name_split_and_revision(monkeypatch):
+    """source huggingface: datasets.load_dataset(repo, name, split=, revision=) as configured."""
+    calls = []
+    fake = SimpleNamespace(load_dataset=lambda *a, **k: calls.append((a, k)) or ["records"])
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    cfg = config(
+        source="huggingface", repo="org/chats", name="en", split="train_sft", revision="v2"
+    )
+    assert data.read_records(cfg) == ["records"]
+    assert calls == [(("org/chats", "en"), {"split": "train_sft", "revision": "v2"})]
+
+
+def test_the_cli_requires_its_arguments_and_names_a_bad_config_key(tmp_path, capsys):
+    """--config-json, --tokenizer and --out are required; --help says what the tool does; an
+    unknown key in the config JSON is an error naming datasets.<key>."""
+    with pytest.raises(SystemExit) as e:
+        data.main([])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "the following arguments are required: --config-json, --tokenizer, --out" in err
+    with pytest.raises(SystemExit):
+        data.main(["--help"])
+    assert "Conversations for chat fine-tuning (SFT)" in capsys.readouterr().out
+    params = canonical_json({"dataset": "c", "source": "local", "seq_len": 64, "zz": 1})
+    args = ["--config-json", params, "--tokenizer", str(TOKENIZER_DIR), "--out", str(tmp_path)]
+    with pytest.raises(ConfigError, match="^datasets: unknown key 'zz'"):
+        data.main(args)
