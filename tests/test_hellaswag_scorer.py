@@ -140,11 +140,14 @@ def test_llmc_rows_are_ctx_then_space_ending():
 # ---- acc and acc_norm from the log-likelihoods --------------------------------------------
 
 
-def scored(monkeypatch, items, loglik, mode):
-    """score() with the model's log-likelihoods given: only the metric is under test."""
+def scored(monkeypatch, items, loglik, mode=None):
+    """score() with the model's log-likelihoods given: only the metric is under test.
+    No mode: score's default."""
     monkeypatch.setattr(
         hellaswag, "continuation_logprobs", lambda *a, **k: np.array(loglik, dtype=float).ravel()
     )
+    if mode is None:
+        return hellaswag.score(None, items, ENC, show_progress=False)
     return hellaswag.score(None, items, ENC, mode, show_progress=False)
 
 
@@ -173,7 +176,8 @@ def test_ties_go_to_the_first_ending_and_accuracy_is_the_mean_over_items(monkeyp
     """np.argmax's first maximum; acc is the share of items predicted right."""
     items = [item(label=0), item(label=1), item(label=2), item(label=3)]
     ll = [[-1, -1, -1, -1], [-2, -1, -1, -3], [-5, -5, -1, -5], [-1, -2, -3, -4]]
-    r = scored(monkeypatch, items, ll, "llmc")
+    r = scored(monkeypatch, items, ll)
+    assert r.mode == "llmc"  # the default: llm.c's scoring
     assert r.pred == [0, 1, 2, 0]
     assert r.acc == 0.75
 
@@ -229,7 +233,8 @@ def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, mon
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=128)).eval()
-    monkeypatch.setattr(hellaswag, "load_hf", lambda d: model)
+    loaded = []
+    monkeypatch.setattr(hellaswag, "load_hf", lambda d: loaded.append(d) or model)
     path = tmp_path / "hs.jsonl"
     items = [item(label=i % 4) for i in range(5)]
     path.write_text("\n".join(map(json.dumps, items)) + "\n")
@@ -243,7 +248,10 @@ def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, mon
         3,
     )
     assert r["acc_norm"] == want.acc_norm
-    assert r["produced_by"]["scoring"] == "llmc" and r["produced_by"]["items_file"] == str(path)
+    assert loaded == [tmp_path]
+    by = r["produced_by"]
+    assert (by["module"], by["scoring"], by["device"]) == ("lmpipe.eval.hellaswag", "llmc", "cpu")
+    assert by["items_file"] == str(path) and by["model"] == str(tmp_path)
     assert "fewer" not in capsys.readouterr().out
     r = hellaswag.evaluate(HellaSwagSettings(items=9, batch=4), tmp_path, inputs, "cpu")
     assert r["items"] == 5 and f"{path} holds 5 items, fewer than 9" in capsys.readouterr().out
