@@ -101,6 +101,11 @@ def layout(name: str, at: str | None) -> Path:
         f"pytest_add_cli_args_test_selection = {json.dumps([f'tests/{f}' for f in tests])}",
         f'pytest_add_cli_args = ["-m", "{FAST}", "-p", "no:cacheprovider"]',
         "use_git_change_detection = false",
+        # a mutant's time limit: (its tests' measured time + 20 s) x 3 (x 2 in CPU seconds).
+        # mutmut measures a test's call, not its fixtures: a module fixture that trains a tiny
+        # model for 10 s made mutmut's default (+1 s, x 15) stop surviving mutants as timeouts.
+        "timeout_constant = 20.0",
+        "timeout_multiplier = 3.0",
         "",
     ]
     (work / "pyproject.toml").write_text("\n".join(config))
