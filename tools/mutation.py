@@ -13,7 +13,8 @@ import, so it must run where the package is a top-level folder (`lmpipe/`, not
 `slurm` or `gpu`), `workflow/`, `resources/`, `config/` and `Snakefile`; runs `mutmut run` in
 it with PYTHONPATH on the mutated copy (a test's subprocess imports the mutants too); and prints,
 per module: mutants, killed, survived (mutmut's "survived" plus "no tests": code no selected
-test runs; "no test" counts those), timeout, and the surviving share. A fresh copy every run:
+test runs; "no test" counts those), timeout (each tested once more on its own first), and the
+surviving share. A fresh copy every run:
 the figures never come from a stale cache; each run's figures are kept in
 `build/mutation/<module>-<commit or tree>.json`.
 """
@@ -112,9 +113,13 @@ def layout(name: str, at: str | None) -> Path:
     return work
 
 
-def count(work: Path, source: str, uncovered: bool) -> dict[str, object]:
+def exit_codes(work: Path, source: str) -> dict[str, int | None]:
     meta = json.loads((work / "mutants" / (source + ".meta")).read_text())
-    codes = meta["exit_code_by_key"]
+    return meta["exit_code_by_key"]
+
+
+def count(work: Path, source: str, uncovered: bool) -> dict[str, object]:
+    codes = exit_codes(work, source)
     if uncovered:  # no selected test runs any of the module's code: every mutant lives
         codes = dict.fromkeys(codes, 33)
     killed = [k for k, c in codes.items() if c in KILLED]
@@ -150,6 +155,13 @@ def run(name: str, jobs: int, survivors: bool, at: str | None) -> dict[str, obje
         proc = subprocess.run(
             [*mutmut, "run", "--max-children", str(jobs)], cwd=work, env=env, stdout=f, stderr=f
         )
+    timeouts = [k for k, c in exit_codes(work, source).items() if c in TIMEOUT]
+    if proc.returncode == 0 and timeouts:
+        # a forked mutant now and then hangs (0 CPU) until its limit, and passes when run again
+        # alone: each timeout is tested once more, on its own; one that hangs again stays one
+        with open(log, "a") as f:
+            for key in timeouts:
+                subprocess.run([*mutmut, "run", key], cwd=work, env=env, stdout=f, stderr=f)
     seconds = time.time() - t0
     uncovered = "could not find any test case for any mutant" in log.read_text()
     if proc.returncode != 0 and not uncovered:
