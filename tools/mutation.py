@@ -105,6 +105,10 @@ def layout(name: str, at: str | None) -> Path:
         # a mutant's time limit: (its tests' measured time + 20 s) x 3 (x 2 in CPU seconds).
         # mutmut measures a test's call, not its fixtures: a module fixture that trains a tiny
         # model for 10 s made mutmut's default (+1 s, x 15) stop surviving mutants as timeouts.
+        # a worker per mutant forked from a clean fork server, not from mutmut's own process:
+        # forked from the latter, the HellaSwag mutants whose tests build a model hung on a
+        # lock (one thread, in futex_wait, 0 CPU) until their time limit
+        'process_isolation = "forkserver"',
         "timeout_constant = 20.0",
         "timeout_multiplier = 3.0",
         "",
