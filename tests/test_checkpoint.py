@@ -1,0 +1,336 @@
+"""Checkpoint housekeeping, in one process (a 1-rank gloo group): what is saved, kept, resumed.
+
+The promises are those of lmpipe.train.checkpoint's docstring: `step_NNNNNN/` written as
+`.tmp` and renamed; the newest `keep` of the current settings kept; other settings' checkpoints
+(a changed shard set or world size: another trajectory hash) moved aside, never resumed, never
+deleted; unfinished `.tmp` folders removed when a run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import time
+from datetime import UTC, datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from lmpipe.config import TrainJob
+from lmpipe.train import checkpoint
+from lmpipe.train.checkpoint import Checkpointer, atomic_folder, save_final
+from lmpipe.train.loop import Task, trajectory_hash
+
+MINE, OTHER = "a" * 16, "b" * 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    """One rank, as lmpipe.train.parallel.init_distributed makes it without torchrun."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def model_and_optimizer(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def save(ckpt: Checkpointer, step: int, **state):
+    model, optimizer = model_and_optimizer(step)
+    return ckpt.save(step, model, optimizer, {"tokens": 100 * step} | state)
+
+
+def names(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("every", "last", "saved"),
+    [(4, 10, [4, 8, 10]), (1, 3, [1, 2, 3]), (0, 5, [5])],
+)
+def test_saves_every_n_steps_and_at_the_last(tmp_path, every, last, saved):
+    """checkpoint_every steps and the last step are saved; checkpoint_every 0: the last only."""
+    ckpt = Checkpointer(tmp_path, MINE, every=every, keep=2)
+    assert [s for s in range(1, last + 1) if ckpt.should_save(s, last)] == saved
+
+
+def test_load_restores_weights_optimizer_rng_and_train_state(tmp_path):
+    """A resumed run continues exactly: same weights, optimizer moments, RNG and position."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)
+    model, optimizer = model_and_optimizer(1)
+    saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    path = ckpt.save(4, model, optimizer, {"tokens": 400, "loader": {"shard": 1, "pos": 64}})
+    after_save = torch.rand(5)
+
+    fresh, fresh_optimizer = model_and_optimizer(2)
+    torch.rand(7)  # the RNG moves on
+    state = ckpt.load(path, fresh, fresh_optimizer)
+    assert torch.equal(torch.rand(5), after_save)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, saved_weights[k])
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], saved_moments)
+    assert state == {
+        "tokens": 400,
+        "loader": {"shard": 1, "pos": 64},
+        "step": 4,
+        "settings_hash": MINE,
+    }
+
+
+def test_cuda_rng_is_saved_and_restored_when_there_is_a_gpu(monkeypatch):
+    """A rank's RNG states include the CUDA generator's where there is one, and are put back."""
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: torch.tensor([1, 2, 3]))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", restored.append)
+    state = checkpoint._rng_state()
+    assert sorted(state) == ["cpu", "cuda"]
+    checkpoint._set_rng_state(state)
+    assert [t.tolist() for t in restored] == [[1, 2, 3]]
+    checkpoint._set_rng_state({"cpu": state["cpu"]})  # saved without a GPU: CUDA left alone
+    assert len(restored) == 1
+
+
+def test_only_the_newest_keep_checkpoints_of_these_settings_are_kept(tmp_path):
+    """keep_checkpoints 2: after each save the two newest remain; older ones are removed."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)
+    for step in (4, 8, 12):
+        save(ckpt, step)
+    assert names(tmp_path) == ["step_000008", "step_000012"]
+    save(ckpt, 16)
+    assert names(tmp_path) == ["step_000012", "step_000016"]
+
+
+def test_pruning_orders_by_step_past_six_digits_and_spares_other_settings(tmp_path):
+    """Step 1000000 is newer than 999999 (not by name), and other settings' are never pruned."""
+    save(Checkpointer(tmp_path, OTHER, every=1, keep=1), 5)
+    ckpt = Checkpointer(tmp_path, MINE, every=1, keep=1)
+    save(ckpt, 999_999)
+    save(ckpt, 1_000_000)
+    assert names(tmp_path) == ["step_000005", "step_1000000"]
+    assert ckpt.newest() == tmp_path / "step_1000000"
+
+
+def test_resumes_the_newest_of_these_settings(tmp_path):
+    """find_resume picks the newest checkpoint of the current settings hash."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    for step in (4, 12, 8):
+        save(ckpt, step)
+    assert ckpt.newest() == tmp_path / "step_000012"
+    assert ckpt.find_resume() == tmp_path / "step_000012"
+    assert names(tmp_path) == ["step_000004", "step_000008", "step_000012"]
+
+
+def test_no_checkpoint_starts_fresh(tmp_path):
+    """An empty (or missing) checkpoint folder: nothing to resume."""
+    ckpt = Checkpointer(tmp_path / "checkpoints", MINE, every=4, keep=2)
+    assert ckpt.newest() is None
+    assert ckpt.find_resume() is None
+
+
+def test_unfinished_tmp_folders_are_removed_at_start_and_never_resumed(tmp_path):
+    """A save killed midway leaves `step_N.tmp/`: a starting run deletes it, resumes the last
+    complete one; a stray file named like a checkpoint is not one."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)
+    save(ckpt, 4)
+    (tmp_path / "step_000008.tmp").mkdir()
+    (tmp_path / "step_000008.tmp" / "train_state.json").write_text(
+        json.dumps({"step": 8, "settings_hash": MINE})
+    )
+    (tmp_path / "step_000012.tmp").mkdir()
+    (tmp_path / "step_000009").write_text("not a folder")
+    assert ckpt.newest() == tmp_path / "step_000004"  # read-only: tidies nothing
+    assert (tmp_path / "step_000008.tmp").exists()
+    assert ckpt.find_resume() == tmp_path / "step_000004"
+    assert names(tmp_path) == ["step_000004", "step_000009"]
+
+
+def test_a_leftover_tmp_or_an_earlier_save_of_the_same_step_is_replaced(tmp_path):
+    """Saving step N over a crashed `step_N.tmp/` or an existing `step_N/` gives the new one."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)
+    (tmp_path / "step_000004.tmp").mkdir()
+    (tmp_path / "step_000004.tmp" / "junk").write_text("from a crash")
+    save(ckpt, 4, tokens=1)
+    save(ckpt, 4, tokens=2)
+    assert names(tmp_path) == ["step_000004"]
+    assert not (tmp_path / "step_000004" / "junk").exists()
+    assert json.loads((tmp_path / "step_000004" / "train_state.json").read_text())["tokens"] == 2
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing"])
+def test_an_unreadable_train_state_is_never_resumed_and_never_deleted(tmp_path, damage):
+    """A checkpoint whose train_state.json is unreadable has no known settings: it is moved
+    aside under other-settings/ like another run's, and the previous good one is resumed."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    save(ckpt, 4)
+    bad = save(ckpt, 8)
+    if damage == "garbage":
+        (bad / "train_state.json").write_bytes(b"\0\0{not json")
+    else:
+        (bad / "train_state.json").unlink()
+    assert ckpt.newest() == tmp_path / "step_000004"
+    assert ckpt.find_resume() == tmp_path / "step_000004"
+    moved = list((tmp_path / "other-settings").glob("*/step_000008"))
+    assert len(moved) == 1 and (moved[0] / ".metadata").exists()
+    assert names(tmp_path) == ["other-settings", "step_000004"]
+
+
+def test_other_settings_are_moved_aside_by_hash_never_resumed(tmp_path):
+    """Checkpoints of another settings hash go to other-settings/{hash}/, intact."""
+    other = Checkpointer(tmp_path, OTHER, every=4, keep=5)
+    save(other, 4)
+    save(other, 8)
+    mine = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    save(mine, 12)
+    assert mine.find_resume() == tmp_path / "step_000012"
+    aside = tmp_path / "other-settings" / OTHER
+    assert names(aside) == ["step_000004", "step_000008"]
+    state = json.loads((aside / "step_000008" / "train_state.json").read_text())
+    assert state["settings_hash"] == OTHER
+
+
+def test_a_fresh_start_moves_every_checkpoint_to_retired_utc_time(tmp_path, monkeypatch, caplog):
+    """--fresh-start: all checkpoints (any settings) go to retired/{UTC time}/ (UTC whatever
+    the local time zone), none deleted, and the log says where."""
+    monkeypatch.setenv("TZ", "UTC-9")  # the local clock 9 hours ahead of UTC
+    time.tzset()
+    monkeypatch.undo()
+    save(Checkpointer(tmp_path, OTHER, every=4, keep=5), 4)
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    save(ckpt, 8)
+    try:
+        with caplog.at_level(logging.INFO, logger="lmpipe.train.checkpoint"):
+            ckpt.retire_all()
+    finally:
+        time.tzset()
+    (stamp,) = (tmp_path / "retired").iterdir()
+    when = datetime.strptime(stamp.name, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    assert abs((datetime.now(UTC) - when).total_seconds()) < 60
+    assert names(stamp) == ["step_000004", "step_000008"]
+    assert f"moved 2 checkpoint(s) to {stamp}" in caplog.text
+    assert ckpt.find_resume() is None
+
+
+def test_the_log_says_what_was_removed_moved_or_not_found(tmp_path, caplog):
+    """An unfinished checkpoint removed, another settings' moved (with both hashes and where
+    to), and a start without a checkpoint of these settings: each is logged."""
+    save(Checkpointer(tmp_path, OTHER, every=4, keep=5), 4)
+    (tmp_path / "step_000008.tmp").mkdir()
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    with caplog.at_level(logging.INFO, logger="lmpipe.train.checkpoint"):
+        assert ckpt.find_resume() is None
+    aside = tmp_path / "other-settings" / OTHER / "step_000004"
+    assert f"removing unfinished checkpoint {tmp_path / 'step_000008.tmp'}" in caplog.text
+    assert (
+        f"checkpoint {tmp_path / 'step_000004'} belongs to other settings (hash {OTHER}, now"
+        f" {MINE}): not resuming it; moved to {aside}" in caplog.text
+    )
+    assert f"no checkpoint of settings {MINE} in {tmp_path}: starting fresh" in caplog.text
+
+
+def test_rng_files_load_tensors_only(tmp_path):
+    """RNG files are loaded with weights_only: a file holding arbitrary objects is refused."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)
+    path = save(ckpt, 4)
+    torch.save({"cpu": torch.get_rng_state(), "x": Pickled()}, path / "rng_rank00000.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        ckpt.load(path, *model_and_optimizer())
+
+
+class Pickled:
+    """Any class: unpickling it would run code of the file's choosing."""
+
+
+def test_a_fresh_start_without_checkpoints_does_nothing(tmp_path):
+    """Nothing to retire: no retired/ folder appears."""
+    Checkpointer(tmp_path, MINE, every=4, keep=5).retire_all()
+    assert names(tmp_path) == []
+
+
+# ---- what makes a checkpoint "of these settings" (lmpipe.train.loop.trajectory_hash) ----------
+
+
+def job(**train) -> TrainJob:
+    t = {"seq_len": 32, "micro_batch": 4, "batch_tokens": 256, "max_steps": 8}
+    t |= {"optimizer": {"name": "adamw", "lr": 1e-3}, "keep_checkpoints": 2} | train
+    model = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
+    launch = {"device": "cpu", "nodes": 1, "procs_per_node": 1, "peak_flops": None}
+    return TrainJob.from_json(
+        json.dumps({"run": "r", "dataset": "d", "model": model, "train": t, "launch": launch})
+    )
+
+
+def digest(j: TrainJob, shards: list[str], world_size: int) -> str:
+    task = Task(train=j.train, loader=None, val_batches=[], data_identity=shards)
+    return trajectory_hash(j, task, world_size)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["shard set", "shard content", "world size", "batch_tokens"],
+)
+def test_a_changed_shard_set_or_world_size_starts_fresh(tmp_path, change):
+    """Another shard set, shard content or world size is another trajectory: the old
+    checkpoint is not resumed (it is moved aside)."""
+    before = digest(job(), ["sha-1", "sha-2"], 2)
+    after = {
+        "shard set": lambda: digest(job(), ["sha-1", "sha-2", "sha-3"], 2),
+        "shard content": lambda: digest(job(), ["sha-1", "sha-X"], 2),
+        "world size": lambda: digest(job(), ["sha-1", "sha-2"], 4),
+        "batch_tokens": lambda: digest(job(batch_tokens=512), ["sha-1", "sha-2"], 2),
+    }[change]()
+    save(Checkpointer(tmp_path, before, every=4, keep=2), 4)
+    assert Checkpointer(tmp_path, after, every=4, keep=2).find_resume() is None
+    assert (tmp_path / "other-settings" / before / "step_000004").is_dir()
+
+
+def test_checkpointing_settings_do_not_change_the_trajectory(tmp_path):
+    """keep_checkpoints, checkpoint_every, val_every: the same run, so its checkpoint resumes."""
+    before = digest(job(), ["sha-1"], 1)
+    after = digest(job(keep_checkpoints=5, checkpoint_every=10, val_every=3), ["sha-1"], 1)
+    assert after == before
+    save(Checkpointer(tmp_path, before, every=4, keep=2), 4)
+    assert Checkpointer(tmp_path, after, every=10, keep=5).find_resume() == tmp_path / "step_000004"
+
+
+# ---- the final checkpoint: the contract with convert ------------------------------------------
+
+
+def test_final_holds_the_full_model_and_meta_and_no_tmp(tmp_path):
+    """final/: DCP {"model": state dict} with unprefixed names, meta.json; no final.tmp left."""
+    model, _ = model_and_optimizer(3)
+    save_final(tmp_path / "final", model, {"step": 8, "model": {"n_layer": 2}})
+    assert names(tmp_path) == ["final"]
+    assert json.loads((tmp_path / "final" / "meta.json").read_text()) == {
+        "step": 8,
+        "model": {"n_layer": 2},
+    }
+    state = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    dcp.load({"model": state}, checkpoint_id=tmp_path / "final")
+    assert sorted(state) == ["bias", "weight"]
+    for k, v in model.state_dict().items():
+        assert torch.equal(state[k], v)
+
+
+def test_atomic_folder_exists_only_once_complete(tmp_path):
+    """While the block runs only `name.tmp/` exists; afterwards only `name/`."""
+    final = tmp_path / "step_000001"
+    with atomic_folder(final) as tmp:
+        assert tmp == tmp_path / "step_000001.tmp"
+        assert tmp.is_dir() and not final.exists()
+        (tmp / "x").write_text("1")
+    assert names(tmp_path) == ["step_000001"]
+    assert (final / "x").read_text() == "1"

@@ -1,0 +1,257 @@
+"""The HellaSwag scorer against its definitions, in-process and fast.
+
+- acc: argmax over the four endings of the summed log-likelihood; acc_norm: argmax of the
+  log-likelihood divided by the ending's tokens (llm.c's `dev/data/hellaswag.py`) or by its
+  length in characters (lm-eval's multiple_choice `acc_norm`: `len(choice)`); ties go to the
+  first ending (np.argmax).
+- lm-eval's `tasks/hellaswag/utils.py` preprocessing and its `_encode_pair` split of
+  context + continuation.
+- the rowanz jsonl format: ctx_a, ctx_b, ctx, activity_label, four endings, label 0..3.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TOKENIZER_DIR
+from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval import hellaswag
+
+ENC = gpt2_encoding(TOKENIZER_DIR)
+
+
+def item(**kw) -> dict:
+    base = {
+        "activity_label": "Cooking",
+        "ctx_a": "A man cracks an egg.",
+        "ctx_b": "he",
+        "ctx": "A man cracks an egg. he",
+        "endings": ["stirs it.", "eats the shell.", "sings to it loudly.", "x"],
+        "label": 0,
+    }
+    return base | kw
+
+
+# ---- the jsonl -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"label": True}, "'label' must be an integer 0..3"),
+        ({"label": -1}, "'label' must be an integer 0..3"),
+        ({"label": 4}, "'label' must be an integer 0..3"),
+        ({"label": "x"}, "'label' must be an integer 0..3"),
+        ({"ctx_b": None}, "field 'ctx_b' missing or not a str"),
+        ({"endings": ["a", "b", "c", 4]}, "'endings' must be a list of 4 strings"),
+        ({"endings": "abcd"}, "'endings' must be a list of 4 strings"),
+    ],
+)
+def test_an_invalid_item_is_named_with_what_is_wrong(change, message):
+    """Each malformed field is an error naming the place and the field."""
+    with pytest.raises(hellaswag.HellaSwagError, match=f"^f.jsonl:7: {message}"):
+        hellaswag.check_item(item(**change), "f.jsonl:7")
+
+
+def test_labels_0_to_3_and_the_hf_datasets_string_form_are_integers():
+    """label 0..3, or "0".."3" as the Hugging Face dataset writes it, reads as an int."""
+    assert [hellaswag.check_item(item(label=n), "w")["label"] for n in (0, 3)] == [0, 3]
+    assert hellaswag.check_item(item(label="2"), "w")["label"] == 2
+    with pytest.raises(hellaswag.HellaSwagError, match="^w: expected a JSON object, got list"):
+        hellaswag.check_item([], "w")
+
+
+def test_load_items_skips_blank_lines_counts_lines_and_limits(tmp_path):
+    """Blank lines are skipped but still counted in the line numbers of errors; `limit` cuts."""
+    path = tmp_path / "hs.jsonl"
+    lines = [json.dumps(item(label=i)) for i in range(3)]
+    path.write_text(f"{lines[0]}\n\n  \n{lines[1]}\n{lines[2]}\n")
+    assert [it["label"] for it in hellaswag.load_items(path)] == [0, 1, 2]
+    assert [it["label"] for it in hellaswag.load_items(path, limit=2)] == [0, 1]
+    path.write_text(f"{lines[0]}\n\n[1, 2]\n")
+    with pytest.raises(hellaswag.HellaSwagError, match=r"hs\.jsonl:3: expected a JSON object"):
+        hellaswag.load_items(path)
+
+
+def test_a_missing_or_empty_file_is_named(tmp_path):
+    """No file, or a file of blank lines, is an error naming it."""
+    with pytest.raises(hellaswag.HellaSwagError, match=r"nope\.jsonl: HellaSwag file not found"):
+        hellaswag.load_items(tmp_path / "nope.jsonl")
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    with pytest.raises(hellaswag.HellaSwagError, match=r"blank\.jsonl: no items"):
+        hellaswag.load_items(tmp_path / "blank.jsonl")
+
+
+# ---- lm-eval's preprocessing and encoding --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # strip; " [title]" -> ". "; drop [...] (shortest); "  " -> " "
+        ("  Clean a pan [title] Soak it. [step] Scrub  ", "Clean a pan. Soak it. Scrub"),
+        ("a [b] c [d] e", "a c e"),
+        ("no artefacts", "no artefacts"),
+    ],
+)
+def test_preprocess_is_lm_evals(text, expected):
+    """lm-eval's hellaswag `preprocess`, rule by rule."""
+    assert hellaswag.preprocess(text) == expected
+
+
+def test_lm_eval_prompt_is_label_colon_ctx_a_and_capitalised_ctx_b():
+    """query = preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize())."""
+    query, choices = hellaswag.lm_eval_prompt(item(endings=["a [x]b", " c ", "d", "e"]))
+    assert query == "Cooking: A man cracks an egg. He"
+    assert choices == ["a b", "c", "d", "e"]
+
+
+def test_lm_eval_rows_split_the_whole_encoding_at_the_contexts_length():
+    """_encode_pair: encode query + " " + choice whole, the context is its first
+    len(encode(query)) tokens, the continuation the rest (with the leading space)."""
+    it = item(endings=["stirs it.", "eats", "sings", "x"])
+    rows = hellaswag.item_rows(it, ENC, "lm_eval")
+    query = "Cooking: A man cracks an egg. He"
+    for (ctx, cont), choice in zip(rows, it["endings"], strict=True):
+        assert ctx == ENC.encode_ordinary(query)
+        assert ENC.decode(cont) == " " + choice
+        assert ctx + cont == ENC.encode_ordinary(query + " " + choice)
+
+
+def test_llmc_rows_are_ctx_then_space_ending():
+    """llm.c: tokens of ctx, then tokens of " " + ending."""
+    rows = hellaswag.item_rows(item(), ENC, "llmc")
+    assert [ENC.decode(c) for c, _ in rows] == ["A man cracks an egg. he"] * 4
+    assert [ENC.decode(e) for _, e in rows] == [
+        " stirs it.",
+        " eats the shell.",
+        " sings to it loudly.",
+        " x",
+    ]
+    with pytest.raises(ValueError, match="unknown scoring mode 'mine'"):
+        hellaswag.item_rows(item(), ENC, "mine")
+
+
+# ---- acc and acc_norm from the log-likelihoods --------------------------------------------
+
+
+def scored(monkeypatch, items, loglik, mode=None):
+    """score() with the model's log-likelihoods given: only the metric is under test.
+    No mode: score's default."""
+    monkeypatch.setattr(
+        hellaswag, "continuation_logprobs", lambda *a, **k: np.array(loglik, dtype=float).ravel()
+    )
+    if mode is None:
+        return hellaswag.score(None, items, ENC, show_progress=False)
+    return hellaswag.score(None, items, ENC, mode, show_progress=False)
+
+
+def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch):
+    """llm.c: acc_norm divides by the ending's token count, so a long, likely-per-token ending
+    can win acc_norm while losing acc."""
+    it = item(endings=["a", "b c d e f g h", "i", "j"])  # 1, 7, 1, 1 tokens with the space
+    n = [len(e) for _, e in hellaswag.item_rows(it, ENC, "llmc")]
+    ll = [-3.0 * n[0], -1.0 * n[1], -5.0 * n[2], -4.0 * n[3]]  # per token: -3, -1, -5, -4
+    ll[0] = max(ll) + 0.5  # the best sum, a worse mean than ending 1
+    r = scored(monkeypatch, [it | {"label": 1}], [ll], "llmc")
+    assert (r.pred, r.pred_norm) == ([0], [1])
+    assert (r.acc, r.acc_norm) == (0.0, 1.0)
+    assert r.loglik == [ll] and r.items == 1 and r.mode == "llmc"
+
+
+def test_lm_eval_acc_norm_divides_by_characters(monkeypatch):
+    """lm-eval: the divisor is len(choice) in characters, not tokens."""
+    it = item(endings=["aaaaaaaaaaaaaaaaaaaa", "b", "c", "d"], label=0)  # 20 characters, 1 token
+    assert len(hellaswag.item_rows(it, ENC, "lm_eval")[0][1]) < 20
+    r = scored(monkeypatch, [it], [[-10.0, -2.0, -3.0, -4.0]], "lm_eval")
+    assert (r.pred, r.pred_norm) == ([1], [0])  # -10 / 20 = -0.5 beats -2 / 1
+
+
+def test_ties_go_to_the_first_ending_and_accuracy_is_the_mean_over_items(monkeypatch):
+    """np.argmax's first maximum; acc is the share of items predicted right."""
+    items = [item(label=0), item(label=1), item(label=2), item(label=3)]
+    ll = [[-1, -1, -1, -1], [-2, -1, -1, -3], [-5, -5, -1, -5], [-1, -2, -3, -4]]
+    r = scored(monkeypatch, items, ll)
+    assert r.mode == "llmc"  # the default: llm.c's scoring
+    assert r.pred == [0, 1, 2, 0]
+    assert r.acc == 0.75
+
+
+# ---- the batched forward ---------------------------------------------------------------------
+
+
+class Bigram(torch.nn.Module):
+    """A model whose next-token distribution depends only on the current token, so each row's
+    log-likelihood is known in closed form: log softmax(W[prev])[next] summed over the ending."""
+
+    def __init__(self, vocab: int = 11, block_size: int = 6):
+        super().__init__()
+        self.config = SimpleNamespace(block_size=block_size)
+        g = torch.Generator().manual_seed(0)
+        self.table = torch.randn(vocab, vocab, generator=g)
+
+    def hidden_states(self, idx):
+        return torch.nn.functional.one_hot(idx, self.table.shape[0]).float()
+
+    def head(self, h):
+        return h @ self.table
+
+
+def test_continuation_logprobs_sum_the_endings_log_probabilities_in_any_batch():
+    """Each row's value is sum over the ending of log p(token | previous token), whatever the
+    batch size; a row longer than block_size + 1 loses context from the left only."""
+    model = Bigram()
+    logp = torch.log_softmax(model.table, dim=-1).double()
+    rows = [([1, 2], [3]), ([4], [5, 6, 7]), ([1, 2, 3, 4, 5, 6, 7, 8], [9, 10]), ([0], [1])]
+    truth = [
+        sum(logp[a, b].item() for a, b in zip((c + e)[-len(e) - 1 : -1], e, strict=True))
+        for c, e in rows
+    ]
+    updates = []
+    progress = SimpleNamespace(update=updates.append)
+    for batch_rows in (1, 3, 4):
+        got = hellaswag.continuation_logprobs(model, rows, batch_rows, progress=progress)
+        np.testing.assert_allclose(got, truth, rtol=1e-6)
+    assert sum(updates) == pytest.approx(3 * len(rows) / 4)  # items: 4 rows each
+    with pytest.raises(AssertionError, match="ending of 7 tokens vs block_size 6"):
+        hellaswag.continuation_logprobs(model, [([1], [2] * 7)], 2)
+
+
+# ---- the `hellaswag` evaluation ----------------------------------------------------------------
+
+
+def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, monkeypatch, capsys):
+    """`evaluate`: value = acc_norm of llm.c scoring over the first `items` items of the file,
+    acc beside it; a file with fewer items than asked is scored whole, with a note."""
+    from lmpipe.models.gpt2.model import GPT, GPTConfig
+    from lmpipe.registry import HellaSwagSettings
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=128)).eval()
+    loaded = []
+    monkeypatch.setattr(hellaswag, "load_hf", lambda d: loaded.append(d) or model)
+    path = tmp_path / "hs.jsonl"
+    items = [item(label=i % 4) for i in range(5)]
+    path.write_text("\n".join(map(json.dumps, items)) + "\n")
+    inputs = {"hellaswag": path}
+    want = hellaswag.score(model, items[:3], ENC, "llmc", show_progress=False)
+    r = hellaswag.evaluate(HellaSwagSettings(items=3, batch=2), tmp_path, inputs, "cpu")
+    assert (r["metric"], r["value"], r["acc"], r["items"]) == (
+        "hellaswag",
+        want.acc_norm,
+        want.acc,
+        3,
+    )
+    assert r["acc_norm"] == want.acc_norm
+    assert loaded == [tmp_path]
+    by = r["produced_by"]
+    assert (by["module"], by["scoring"], by["device"]) == ("lmpipe.eval.hellaswag", "llmc", "cpu")
+    assert by["items_file"] == str(path) and by["model"] == str(tmp_path)
+    assert "fewer" not in capsys.readouterr().out
+    r = hellaswag.evaluate(HellaSwagSettings(items=9, batch=4), tmp_path, inputs, "cpu")
+    assert r["items"] == 5 and f"{path} holds 5 items, fewer than 9" in capsys.readouterr().out
