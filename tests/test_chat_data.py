@@ -129,7 +129,9 @@ def test_a_bad_local_source_is_named(tmp_path):
         data.read_records(config(path=str(tmp_path / "nope.json")))
     bad = tmp_path / "bad.json"
     bad.write_text('{"id": 1}\n{oops\n')
-    with pytest.raises(ValueError, match=r"bad\.json: neither a JSON list nor JSON lines"):
+    with pytest.raises(
+        ValueError, match=r"bad\.json: neither a JSON list \(line 2: .*\) nor JSON lines \(line 2: "
+    ):
         data.read_records(config(path=str(bad)))
     bad.write_text('{"id": 1}')
     with pytest.raises(ValueError, match=r"bad\.json: expected a JSON list of conversations"):
