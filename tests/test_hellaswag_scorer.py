@@ -43,10 +43,10 @@ def item(**kw) -> dict:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"label": True}, "'label' must be an integer 0..3"),
-        ({"label": -1}, "'label' must be an integer 0..3"),
-        ({"label": 4}, "'label' must be an integer 0..3"),
-        ({"label": "x"}, "'label' must be an integer 0..3"),
+        ({"label": True}, "'label' must be an integer 0..3, got True"),
+        ({"label": -1}, "'label' must be an integer 0..3, got -1"),
+        ({"label": 4}, "'label' must be an integer 0..3, got 4"),
+        ({"label": "x"}, "'label' must be an integer 0..3, got 'x'"),
         ({"ctx_b": None}, "field 'ctx_b' missing or not a str"),
         ({"endings": ["a", "b", "c", 4]}, "'endings' must be a list of 4 strings"),
         ({"endings": "abcd"}, "'endings' must be a list of 4 strings"),
@@ -133,7 +133,9 @@ def test_llmc_rows_are_ctx_then_space_ending():
         " sings to it loudly.",
         " x",
     ]
-    with pytest.raises(ValueError, match="unknown scoring mode 'mine'"):
+    with pytest.raises(
+        ValueError, match="unknown scoring mode 'mine' .expected one of llmc, lm_eval"
+    ):
         hellaswag.item_rows(item(), ENC, "mine")
 
 
@@ -164,12 +166,15 @@ def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch)
     assert r.loglik == [ll] and r.items == 1 and r.mode == "llmc"
 
 
-def test_lm_eval_acc_norm_divides_by_characters(monkeypatch):
-    """lm-eval: the divisor is len(choice) in characters, not tokens."""
-    it = item(endings=["aaaaaaaaaaaaaaaaaaaa", "b", "c", "d"], label=0)  # 20 characters, 1 token
-    assert len(hellaswag.item_rows(it, ENC, "lm_eval")[0][1]) < 20
-    r = scored(monkeypatch, [it], [[-10.0, -2.0, -3.0, -4.0]], "lm_eval")
-    assert (r.pred, r.pred_norm) == ([1], [0])  # -10 / 20 = -0.5 beats -2 / 1
+def test_acc_norm_divides_by_characters_for_lm_eval_and_by_tokens_for_llmc(monkeypatch):
+    """The same log-likelihoods, two normalisations: lm-eval's len(choice) in characters picks
+    the 20-character ending, llm.c's token count the 1-token one."""
+    it = item(endings=["aaaaaaaaaaaaaaaaaaaa", "b", "c", "d"], label=0)  # 20 characters
+    assert len(hellaswag.item_rows(it, ENC, "llmc")[0][1]) < 7  # tokens: -15 / n < -2 / 1
+    ll = [[-15.0, -2.0, -3.0, -4.0]]
+    r = scored(monkeypatch, [it], ll, "lm_eval")
+    assert (r.pred, r.pred_norm) == ([1], [0])  # -15 / 20 = -0.75 beats -2 / 1
+    assert scored(monkeypatch, [it], ll, "llmc").pred_norm == [1]
 
 
 def test_ties_go_to_the_first_ending_and_accuracy_is_the_mean_over_items(monkeypatch):
