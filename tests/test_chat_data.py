@@ -56,8 +56,7 @@ def test_prepare_refuses_an_unknown_template_and_an_empty_split():
 
 
 def test_written_arrays_and_manifest_follow_the_format(tmp_path, capsys):
-    """int32 arrays (rows, seq_len), inputs padded with end-of-text, targets with -1; the
-    manifest counts conversations, rows kept per split, loss tokens, skipped and truncated."""
+    """int32 (rows, seq_len) arrays padded with EOT / -1, and a manifest with every count."""
     huge = {"id": "huge", "conversations": [{"from": "human", "value": "z " * 80}] + REPLY}
     records = [chat(f"c{i}") for i in range(6)] + [{"id": "bad"}, huge, {"conversations": []}]
     records += [chat(f"d{i}") for i in range(6)] + [chat("long", "word " * 40)]
@@ -102,8 +101,7 @@ def test_the_manifest_lists_at_most_50_ids_of_each_kind(tmp_path):
 
 
 def test_a_row_holds_seq_len_inputs_and_their_next_tokens(tmp_path):
-    """A conversation of seq_len + 1 tokens fills a row exactly, untruncated; one token more is
-    truncated. Inputs are the tokens, targets the next ones where they count (int32 both)."""
+    """A conversation of seq_len + 1 tokens fills a row untruncated; one token more is truncated."""
     _, turns = check_conversation(chat("a", "Hello there"), 0)
     tokens = ENC.encode(render(turns), allowed_special={EOT})
     exact = data.to_row(ENC, turns, seq_len=len(tokens) - 1)
@@ -177,8 +175,7 @@ def test_a_hub_source_is_loaded_with_the_configs_repo_name_split_and_revision(mo
 
 
 def test_the_cli_requires_its_arguments_and_names_a_bad_config_key(tmp_path, capsys):
-    """--config-json, --tokenizer and --out are required; --help says what the tool does; an
-    unknown key in the config JSON is an error naming datasets.<key>."""
+    """The CLI requires its three arguments, has --help, and names a bad config key."""
     with pytest.raises(SystemExit) as e:
         data.main([])
     assert e.value.code == 2

@@ -142,8 +142,7 @@ def test_no_checkpoint_starts_fresh(tmp_path):
 
 
 def test_unfinished_tmp_folders_are_removed_at_start_and_never_resumed(tmp_path):
-    """A save killed midway leaves `step_N.tmp/`: a starting run deletes it, resumes the last
-    complete one; a stray file named like a checkpoint is not one."""
+    """A crashed save's step_N.tmp/ is deleted at start, never resumed; a stray file is ignored."""
     ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)
     save(ckpt, 4)
     (tmp_path / "step_000008.tmp").mkdir()
@@ -172,8 +171,7 @@ def test_a_leftover_tmp_or_an_earlier_save_of_the_same_step_is_replaced(tmp_path
 
 @pytest.mark.parametrize("damage", ["garbage", "missing"])
 def test_an_unreadable_train_state_is_never_resumed_and_never_deleted(tmp_path, damage):
-    """A checkpoint whose train_state.json is unreadable has no known settings: it is moved
-    aside under other-settings/ like another run's, and the previous good one is resumed."""
+    """An unreadable train_state.json: moved to other-settings/, the previous one resumed."""
     ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
     save(ckpt, 4)
     bad = save(ckpt, 8)
@@ -203,8 +201,7 @@ def test_other_settings_are_moved_aside_by_hash_never_resumed(tmp_path):
 
 
 def test_a_fresh_start_moves_every_checkpoint_to_retired_utc_time(tmp_path, monkeypatch, caplog):
-    """--fresh-start: all checkpoints (any settings) go to retired/{UTC time}/ (UTC whatever
-    the local time zone), none deleted, and the log says where."""
+    """--fresh-start moves all checkpoints to retired/{UTC time}/, in any time zone; logged."""
     monkeypatch.setenv("TZ", "UTC-9")  # the local clock 9 hours ahead of UTC
     time.tzset()
     monkeypatch.undo()
@@ -225,8 +222,7 @@ def test_a_fresh_start_moves_every_checkpoint_to_retired_utc_time(tmp_path, monk
 
 
 def test_the_log_says_what_was_removed_moved_or_not_found(tmp_path, caplog):
-    """An unfinished checkpoint removed, another settings' moved (with both hashes and where
-    to), and a start without a checkpoint of these settings: each is logged."""
+    """The log names a removed .tmp, a checkpoint moved aside (both hashes), and a fresh start."""
     save(Checkpointer(tmp_path, OTHER, every=4, keep=5), 4)
     (tmp_path / "step_000008.tmp").mkdir()
     ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
@@ -283,8 +279,7 @@ def digest(j: TrainJob, shards: list[str], world_size: int) -> str:
     ["shard set", "shard content", "world size", "batch_tokens"],
 )
 def test_a_changed_shard_set_or_world_size_starts_fresh(tmp_path, change):
-    """Another shard set, shard content or world size is another trajectory: the old
-    checkpoint is not resumed (it is moved aside)."""
+    """Other shards (set or content) or world size: the old checkpoint is moved aside."""
     before = digest(job(), ["sha-1", "sha-2"], 2)
     after = {
         "shard set": lambda: digest(job(), ["sha-1", "sha-2", "sha-3"], 2),

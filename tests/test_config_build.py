@@ -131,8 +131,7 @@ def test_layout_follows_the_paths_section(cfg):
 
 
 def test_which_datasets_a_run_reads(cfg):
-    """A run's text dataset is its own, or its base run's, or its HF base's `dataset`; its chat
-    dataset is its own (fine-tuning), its fine-tunings' (a base: the first by name), or None."""
+    """Text dataset: own, base run's or HF base's; chat: own, first fine-tuning's, or None."""
     assert lc.is_conversations(cfg, "vicuna-dummy") and not lc.is_conversations(cfg, "embedded")
     assert lc.is_fine_tuning(cfg, "embedded-a-chat") and not lc.is_fine_tuning(cfg, "embedded-a")
     assert lc.text_dataset(cfg, "embedded-a") == "embedded"

@@ -43,10 +43,10 @@ def item(**kw) -> dict:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"label": True}, "'label' must be an integer 0..3"),
-        ({"label": -1}, "'label' must be an integer 0..3"),
-        ({"label": 4}, "'label' must be an integer 0..3"),
-        ({"label": "x"}, "'label' must be an integer 0..3"),
+        ({"label": True}, "'label' must be an integer 0..3, got True"),
+        ({"label": -1}, "'label' must be an integer 0..3, got -1"),
+        ({"label": 4}, "'label' must be an integer 0..3, got 4"),
+        ({"label": "x"}, "'label' must be an integer 0..3, got 'x'"),
         ({"ctx_b": None}, "field 'ctx_b' missing or not a str"),
         ({"endings": ["a", "b", "c", 4]}, "'endings' must be a list of 4 strings"),
         ({"endings": "abcd"}, "'endings' must be a list of 4 strings"),
@@ -112,8 +112,7 @@ def test_lm_eval_prompt_is_label_colon_ctx_a_and_capitalised_ctx_b():
 
 
 def test_lm_eval_rows_split_the_whole_encoding_at_the_contexts_length():
-    """_encode_pair: encode query + " " + choice whole, the context is its first
-    len(encode(query)) tokens, the continuation the rest (with the leading space)."""
+    """_encode_pair: encode query + " " + choice whole, split at len(encode(query))."""
     it = item(endings=["stirs it.", "eats", "sings", "x"])
     rows = hellaswag.item_rows(it, ENC, "lm_eval")
     query = "Cooking: A man cracks an egg. He"
@@ -133,7 +132,9 @@ def test_llmc_rows_are_ctx_then_space_ending():
         " sings to it loudly.",
         " x",
     ]
-    with pytest.raises(ValueError, match="unknown scoring mode 'mine'"):
+    with pytest.raises(
+        ValueError, match="unknown scoring mode 'mine' .expected one of llmc, lm_eval"
+    ):
         hellaswag.item_rows(item(), ENC, "mine")
 
 
@@ -152,8 +153,7 @@ def scored(monkeypatch, items, loglik, mode=None):
 
 
 def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch):
-    """llm.c: acc_norm divides by the ending's token count, so a long, likely-per-token ending
-    can win acc_norm while losing acc."""
+    """llm.c: acc from the summed log-likelihood, acc_norm from the mean per ending token."""
     it = item(endings=["a", "b c d e f g h", "i", "j"])  # 1, 7, 1, 1 tokens with the space
     n = [len(e) for _, e in hellaswag.item_rows(it, ENC, "llmc")]
     ll = [-3.0 * n[0], -1.0 * n[1], -5.0 * n[2], -4.0 * n[3]]  # per token: -3, -1, -5, -4
@@ -164,12 +164,14 @@ def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch)
     assert r.loglik == [ll] and r.items == 1 and r.mode == "llmc"
 
 
-def test_lm_eval_acc_norm_divides_by_characters(monkeypatch):
-    """lm-eval: the divisor is len(choice) in characters, not tokens."""
-    it = item(endings=["aaaaaaaaaaaaaaaaaaaa", "b", "c", "d"], label=0)  # 20 characters, 1 token
-    assert len(hellaswag.item_rows(it, ENC, "lm_eval")[0][1]) < 20
-    r = scored(monkeypatch, [it], [[-10.0, -2.0, -3.0, -4.0]], "lm_eval")
-    assert (r.pred, r.pred_norm) == ([1], [0])  # -10 / 20 = -0.5 beats -2 / 1
+def test_acc_norm_divides_by_characters_for_lm_eval_and_by_tokens_for_llmc(monkeypatch):
+    """Same log-likelihoods: lm-eval divides by characters, llm.c by tokens: different picks."""
+    it = item(endings=["aaaaaaaaaaaaaaaaaaaa", "b", "c", "d"], label=0)  # 20 characters
+    assert len(hellaswag.item_rows(it, ENC, "llmc")[0][1]) < 7  # tokens: -15 / n < -2 / 1
+    ll = [[-15.0, -2.0, -3.0, -4.0]]
+    r = scored(monkeypatch, [it], ll, "lm_eval")
+    assert (r.pred, r.pred_norm) == ([1], [0])  # -15 / 20 = -0.75 beats -2 / 1
+    assert scored(monkeypatch, [it], ll, "llmc").pred_norm == [1]
 
 
 def test_ties_go_to_the_first_ending_and_accuracy_is_the_mean_over_items(monkeypatch):
@@ -203,8 +205,7 @@ class Bigram(torch.nn.Module):
 
 
 def test_continuation_logprobs_sum_the_endings_log_probabilities_in_any_batch():
-    """Each row's value is sum over the ending of log p(token | previous token), whatever the
-    batch size; a row longer than block_size + 1 loses context from the left only."""
+    """Each row's ending log-probability equals a bigram's closed form, whatever the batch size."""
     model = Bigram()
     logp = torch.log_softmax(model.table, dim=-1).double()
     rows = [([1, 2], [3]), ([4], [5, 6, 7]), ([1, 2, 3, 4, 5, 6, 7, 8], [9, 10]), ([0], [1])]
@@ -226,8 +227,7 @@ def test_continuation_logprobs_sum_the_endings_log_probabilities_in_any_batch():
 
 
 def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, monkeypatch, capsys):
-    """`evaluate`: value = acc_norm of llm.c scoring over the first `items` items of the file,
-    acc beside it; a file with fewer items than asked is scored whole, with a note."""
+    """The evaluation: llm.c acc_norm of the first items; a short file scored whole, noted."""
     from lmpipe.models.gpt2.model import GPT, GPTConfig
     from lmpipe.registry import HellaSwagSettings
 

@@ -96,8 +96,7 @@ def test_shard_files_lists_a_splits_shards_in_order_beside_the_manifest(tmp_path
     ("n", "val_tokens", "steps"), [(33, 10_000, 2), (32, 10_000, 1), (200, 40, 2)]
 )
 def test_val_batches_are_this_ranks_share_of_the_first_val_tokens(tmp_path, n, val_tokens, steps):
-    """Full steps of B * T * W tokens (+1 target) within the first val_tokens; rank r's batch i
-    at (i * W + r) * B * T; together the ranks cover those tokens once."""
+    """Rank r's batch i is slice (i * W + r) of the first val_tokens; ranks cover them once."""
     file = shard(tmp_path / "val.bin", 0, n)
     seen = []
     for r in range(2):

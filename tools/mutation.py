@@ -46,6 +46,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "chat_data": ("lmpipe/chat/data.py", ["test_sft.py", "test_chat_data.py"]),
 }
 FAST = "not slow and not slurm and not gpu"
+# Workers forked from a clean fork server instead of mutmut's own process (its default, "fork"):
+# forked from the latter, the HellaSwag mutants whose tests build a model hung on a lock (one
+# thread in futex_wait, no CPU) until their time limit. Not the default: on the other modules
+# the fork server was 10x slower (11 s a mutant instead of 1).
+ISOLATION = {"hellaswag": "forkserver"}
 
 # mutmut's exit codes -> the columns of the table (lmpipe's reading of mutmut.stats)
 KILLED = {1, 3}
@@ -105,10 +110,7 @@ def layout(name: str, at: str | None) -> Path:
         # a mutant's time limit: (its tests' measured time + 20 s) x 3 (x 2 in CPU seconds).
         # mutmut measures a test's call, not its fixtures: a module fixture that trains a tiny
         # model for 10 s made mutmut's default (+1 s, x 15) stop surviving mutants as timeouts.
-        # a worker per mutant forked from a clean fork server, not from mutmut's own process:
-        # forked from the latter, the HellaSwag mutants whose tests build a model hung on a
-        # lock (one thread, in futex_wait, 0 CPU) until their time limit
-        'process_isolation = "forkserver"',
+        f'process_isolation = "{ISOLATION.get(name, "fork")}"',
         "timeout_constant = 20.0",
         "timeout_multiplier = 3.0",
         "",
