@@ -259,6 +259,10 @@ def test_sbatch_line_of_the_124m_train_job_follows_the_config(workdir, cluster):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("{}")
         time.sleep(0.01)
+    # and the HellaSwag file its in-training evaluation reads (train.eval_every), never fetched
+    hellaswag = workdir / "results/data/hellaswag/hellaswag_val.jsonl"
+    hellaswag.parent.mkdir(parents=True, exist_ok=True)
+    hellaswag.write_text((REPO / "resources/hellaswag_val_sample.jsonl").read_text())
     e = env() | {"SBATCH_PARTITION": "debug"}
     log_path = workdir / "snakemake-124m.log"
     with open(log_path, "w") as log:
