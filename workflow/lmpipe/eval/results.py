@@ -24,12 +24,13 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def mean_stderr(values: Sequence[float]) -> float:
+def mean_stderr(values: Sequence[float]) -> float | None:
     """Standard error of a mean as lm-eval reports it beside an accuracy (its `mean_stderr`):
-    the sample standard deviation (n - 1) over sqrt(n); 0 for fewer than two values."""
+    the sample standard deviation (n - 1) over sqrt(n); None for fewer than two values (where
+    lm-eval's formula divides by zero)."""
     n = len(values)
     if n < 2:
-        return 0.0
+        return None
     mean = sum(values) / n
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 

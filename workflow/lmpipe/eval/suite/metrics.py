@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lmpipe.eval.results import mean_stderr
 from lmpipe.eval.suite.tasks import SuiteTask
 
 
@@ -26,16 +27,6 @@ class TaskScore:
     @property
     def items(self) -> int:
         return len(self.acc)
-
-
-def mean_stderr(xs: list[float]) -> float | None:
-    """lm-eval's `mean_stderr`: the sample standard deviation (n - 1) over sqrt(n); None for n < 2
-    (where lm-eval's formula divides by zero)."""
-    n = len(xs)
-    if n < 2:
-        return None
-    mu = sum(xs) / n
-    return math.sqrt(sum((x - mu) ** 2 for x in xs) / (n - 1)) / math.sqrt(n)
 
 
 def pooled_stderr(stderrs: list[float], sizes: list[int]) -> float:
