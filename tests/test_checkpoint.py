@@ -87,6 +87,7 @@ def test_load_restores_weights_optimizer_rng_and_train_state(tmp_path):
         "loader": {"shard": 1, "pos": 64},
         "step": 4,
         "settings_hash": MINE,
+        "world_size": 1,  # damage() checks an RNG file a rank
     }
 
 
@@ -169,21 +170,94 @@ def test_a_leftover_tmp_or_an_earlier_save_of_the_same_step_is_replaced(tmp_path
     assert json.loads((tmp_path / "step_000004" / "train_state.json").read_text())["tokens"] == 2
 
 
-@pytest.mark.parametrize("damage", ["garbage", "missing"])
-def test_an_unreadable_train_state_is_never_resumed_and_never_deleted(tmp_path, damage):
-    """An unreadable train_state.json: moved to other-settings/, the previous one resumed."""
+def data_file(path) -> str:
+    """The name of a checkpoint's (one rank's) DCP data file."""
+    (name,) = [p.name for p in path.iterdir() if p.suffix == ".distcp"]
+    return name
+
+
+DAMAGES = {
+    # name: (what a crash, a cut-short copy or a full disk leaves, what the warning must say)
+    "garbage state": (
+        lambda p: (p / "train_state.json").write_bytes(b"\0\0{not json"),
+        "train_state.json is unreadable",
+    ),
+    "missing state": (
+        lambda p: (p / "train_state.json").unlink(),
+        "train_state.json is unreadable",
+    ),
+    "state not an object": (
+        lambda p: (p / "train_state.json").write_text("[1, 2]"),
+        "train_state.json holds list, not an object",
+    ),
+    "missing metadata": (lambda p: (p / ".metadata").unlink(), ".metadata is unreadable"),
+    "cut metadata": (
+        lambda p: (p / ".metadata").write_bytes((p / ".metadata").read_bytes()[:50]),
+        ".metadata is unreadable",
+    ),
+    "missing data": (lambda p: (p / data_file(p)).unlink(), ".distcp is missing"),
+    "cut data": (
+        lambda p: (p / data_file(p)).write_bytes((p / data_file(p)).read_bytes()[:-1]),
+        ".distcp holds ",
+    ),
+    "missing rng": (lambda p: (p / "rng_rank00000.pt").unlink(), "rng_rank00000.pt is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_broken_checkpoint_is_named_moved_to_broken_and_the_one_before_resumed(
+    tmp_path, damage, caplog
+):
+    """The newest checkpoint broken after its rename (#16): never loaded, never deleted."""
     ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
     save(ckpt, 4)
     bad = save(ckpt, 8)
-    if damage == "garbage":
-        (bad / "train_state.json").write_bytes(b"\0\0{not json")
-    else:
-        (bad / "train_state.json").unlink()
+    break_it, why = DAMAGES[damage]
+    break_it(bad)
+    kept = sorted(p.name for p in bad.iterdir())
     assert ckpt.newest() == tmp_path / "step_000004"
+    with caplog.at_level(logging.WARNING, logger="lmpipe.train.checkpoint"):
+        assert ckpt.find_resume() == tmp_path / "step_000004"
+    assert f"checkpoint {bad} is broken: " in caplog.text and why in caplog.text
+    assert names(tmp_path) == ["broken", "step_000004"]
+    assert sorted(p.name for p in (tmp_path / "broken" / "step_000008").iterdir()) == kept
+    # what is resumed loads
+    model, optimizer = model_and_optimizer(99)
+    assert ckpt.load(tmp_path / "step_000004", model, optimizer)["tokens"] == 400
+
+
+def test_with_every_checkpoint_broken_the_run_starts_fresh_and_says_so(tmp_path, caplog):
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    for step in (4, 8):
+        (save(ckpt, step) / ".metadata").unlink()
+    save(ckpt, 4)  # the same step saved again over a broken one
+    (tmp_path / "step_000004" / ".metadata").unlink()
+    with caplog.at_level(logging.WARNING, logger="lmpipe.train.checkpoint"):
+        assert ckpt.find_resume() is None
+    assert "no usable checkpoint of settings" in caplog.text and "starting fresh" in caplog.text
+    assert names(tmp_path) == ["broken"]
+    assert len(names(tmp_path / "broken")) == 2
+
+
+def test_a_checkpoint_whose_bytes_do_not_load_names_itself(tmp_path):
+    """Every file whole but the data garbled: the load stops with the checkpoint's name."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    path = save(ckpt, 4)
+    data = path / data_file(path)
+    data.write_bytes(b"\xff" * data.stat().st_size)
+    assert checkpoint.damage(path) is None
+    model, optimizer = model_and_optimizer(99)
+    with pytest.raises(RuntimeError, match=f"checkpoint {path} could not be loaded"):
+        ckpt.load(path, model, optimizer)
+
+
+def test_stray_folders_named_like_checkpoints_are_ignored(tmp_path):
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    save(ckpt, 4)
+    (tmp_path / "step_backup").mkdir()
+    (tmp_path / "step_000009").write_text("a file, not a folder")
     assert ckpt.find_resume() == tmp_path / "step_000004"
-    moved = list((tmp_path / "other-settings").glob("*/step_000008"))
-    assert len(moved) == 1 and (moved[0] / ".metadata").exists()
-    assert names(tmp_path) == ["other-settings", "step_000004"]
+    assert names(tmp_path) == ["step_000004", "step_000009", "step_backup"]
 
 
 def test_other_settings_are_moved_aside_by_hash_never_resumed(tmp_path):
@@ -234,7 +308,7 @@ def test_the_log_says_what_was_removed_moved_or_not_found(tmp_path, caplog):
         f"checkpoint {tmp_path / 'step_000004'} belongs to other settings (hash {OTHER}, now"
         f" {MINE}): not resuming it; moved to {aside}" in caplog.text
     )
-    assert f"no checkpoint of settings {MINE} in {tmp_path}: starting fresh" in caplog.text
+    assert f"no usable checkpoint of settings {MINE} in {tmp_path}: starting fresh" in caplog.text
 
 
 def test_rng_files_load_tensors_only(tmp_path):

@@ -7,8 +7,12 @@ A periodic checkpoint `checkpoints/step_NNNNNN/` holds
 It is written as `step_NNNNNN.tmp/` and renamed when every rank has finished, so a directory
 without `.tmp` is complete. The newest `keep` checkpoints of the current settings are kept.
 Checkpoints of other settings are never resumed: they are moved aside to
-`checkpoints/other-settings/{hash}/` (and the log says so), never deleted. A fresh start
-(`--fresh-start`) moves every checkpoint aside to `checkpoints/retired/{UTC time}/`.
+`checkpoints/other-settings/{hash}/` (and the log says so), never deleted. A folder without
+`.tmp` can still be broken when its files were copied, restored or cut short outside the
+trainer (a crash mid-copy, a full disk): `damage` checks every file DCP's `.metadata` lists, at
+the size it must have, and a broken checkpoint is moved to `checkpoints/broken/` with a warning
+that names it and what is wrong; the one before is resumed. A fresh start (`--fresh-start`)
+moves every checkpoint aside to `checkpoints/retired/{UTC time}/`.
 
 The final checkpoint `final/` is the contract with `convert`: `{"model": state dict}` with full,
 unprefixed parameter names (loadable in one process without a process group) and `meta.json`.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -39,6 +45,35 @@ log = logging.getLogger(__name__)
 STATE_FILE = "train_state.json"
 PREFIX = "step_"
 TMP = ".tmp"
+STEP_FOLDER = re.compile(rf"{PREFIX}(\d+)")
+
+
+def damage(path: Path) -> str | None:
+    """What makes the checkpoint folder `path` unusable, or None when every file it needs is
+    there at its full size: train_state.json (a JSON object), DCP's `.metadata`, every file that
+    `.metadata` lists (at least offset + length bytes), and each rank's RNG file."""
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        return f"{STATE_FILE} is unreadable ({type(e).__name__}: {e})"
+    if not isinstance(state, dict):
+        return f"{STATE_FILE} holds {type(state).__name__}, not an object"
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:  # missing, cut short or garbled: unpickling raises many kinds
+        return f".metadata is unreadable ({type(e).__name__}: {e})"
+    needed: dict[str, int] = {}  # file -> the bytes it must hold
+    for info in metadata.storage_data.values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    needed |= {f"rng_rank{r:05d}.pt": 1 for r in range(state.get("world_size", 0))}
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size < size:
+            return f"{name} holds {file.stat().st_size} bytes of the {size} it must"
+    return None
 
 
 def _broadcast(obj: Any) -> Any:
@@ -76,16 +111,17 @@ class Checkpointer:
     # ---- finding ----------------------------------------------------------------------------
 
     def _complete(self) -> list[tuple[int, Path, str | None]]:
-        """(step, path, settings hash) of every complete checkpoint, oldest first."""
+        """(step, path, settings hash) of every complete checkpoint, oldest first; the hash is
+        None where the folder is broken (see `damage`)."""
         found = []
         for path in self.folder.glob(f"{PREFIX}*"):
-            if path.name.endswith(TMP) or not path.is_dir():
+            number = STEP_FOLDER.fullmatch(path.name)
+            if number is None or not path.is_dir():  # `.tmp` folders and stray names
                 continue
-            try:
-                state = json.loads((path / STATE_FILE).read_text())
-            except (OSError, ValueError):
-                state = {}
-            found.append((int(path.name[len(PREFIX) :]), path, state.get("settings_hash")))
+            digest = None
+            if damage(path) is None:
+                digest = json.loads((path / STATE_FILE).read_text()).get("settings_hash")
+            found.append((int(number[1]), path, digest))
         return sorted(found)
 
     def newest(self) -> Path | None:
@@ -121,6 +157,9 @@ class Checkpointer:
                 if digest == self.settings_hash:
                     choice = str(path)
                     continue
+                if digest is None:
+                    self._move_broken(path)
+                    continue
                 aside = self.folder / "other-settings" / str(digest) / path.name
                 log.warning(
                     "checkpoint %s belongs to other settings (hash %s, now %s): not resuming it;"
@@ -133,13 +172,24 @@ class Checkpointer:
                 aside.parent.mkdir(parents=True, exist_ok=True)
                 path.rename(aside)
             if choice is None:
-                log.info(
-                    "no checkpoint of settings %s in %s: starting fresh",
+                log.warning(
+                    "no usable checkpoint of settings %s in %s: starting fresh",
                     self.settings_hash,
                     self.folder,
                 )
         choice = _broadcast(choice)
         return Path(choice) if choice else None
+
+    def _move_broken(self, path: Path) -> None:
+        """Move a broken checkpoint to `broken/` (never deleted: it may be repairable)."""
+        aside = self.folder / "broken" / path.name
+        if aside.exists():  # broken twice at the same step
+            aside = aside.with_name(f"{path.name}-{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}")
+        log.warning(
+            "checkpoint %s is broken: %s; not resuming it; moved to %s", path, damage(path), aside
+        )
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        path.rename(aside)
 
     # ---- saving and loading -----------------------------------------------------------------
 
@@ -157,7 +207,12 @@ class Checkpointer:
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
             torch.save(_rng_state(), tmp / f"rng_rank{dist.get_rank():05d}.pt")
             if dist.get_rank() == 0:
-                state = dict(train_state, step=step, settings_hash=self.settings_hash)
+                state = dict(
+                    train_state,
+                    step=step,
+                    settings_hash=self.settings_hash,
+                    world_size=dist.get_world_size(),
+                )
                 (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
         if dist.get_rank() == 0:
             self._prune()
@@ -174,7 +229,13 @@ class Checkpointer:
         """Restore model, optimizer and this rank's RNG; return the train state (step, loader)."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=path)
+        try:
+            dcp.load(state, checkpoint_id=path)
+        except CheckpointException as e:  # damage() found every file whole, yet it fails
+            raise RuntimeError(
+                f"checkpoint {path} could not be loaded (the DCP error is above); move it aside"
+                " to resume from the one before, or start anew with --fresh-start"
+            ) from e
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
