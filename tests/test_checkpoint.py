@@ -8,11 +8,15 @@ deleted; unfinished `.tmp` folders removed when a run starts.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import pickle
+import subprocess
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import torch
@@ -403,3 +407,99 @@ def test_atomic_folder_exists_only_once_complete(tmp_path):
         (tmp / "x").write_text("1")
     assert names(tmp_path) == ["step_000001"]
     assert (final / "x").read_text() == "1"
+
+
+# ---- a full disk -------------------------------------------------------------------------------
+
+DISK_BYTES = 2 << 20  # 2 MiB: room for one checkpoint of `big_model_and_optimizer`, not two
+
+
+def big_model_and_optimizer():
+    """1.38 MB of checkpoint (weights and AdamW's two moments, fp32)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 448)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 256)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def used_bytes(folder) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def small_disk(tmp_path, monkeypatch):
+    """A 2 MiB filesystem: a real tmpfs where this process may mount one (root, as in CI);
+    elsewhere the same limit simulated in DCP's file streams and in the free-space query."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(folder)]
+    if subprocess.run(mount, capture_output=True).returncode == 0:
+        yield folder
+        subprocess.run(["umount", str(folder)], check=True)
+        return
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class CappedFile:
+        """A file whose writes fail with ENOSPC once the folder would pass DISK_BYTES."""
+
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, data) -> int:
+            if used_bytes(folder) + len(data) > DISK_BYTES:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.file.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    real_create_stream = FileSystem.create_stream
+
+    @contextmanager
+    def create_stream(self, path, mode):
+        with real_create_stream(self, path, mode) as file:
+            yield CappedFile(file) if mode == "wb" and folder in Path(path).parents else file
+
+    monkeypatch.setattr(FileSystem, "create_stream", create_stream)
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda _: DISK_BYTES - used_bytes(folder))
+    yield folder
+
+
+def test_a_save_that_cannot_fit_stops_before_writing_and_names_folder_and_bytes(
+    small_disk, monkeypatch
+):
+    ckpt = Checkpointer(small_disk, MINE, every=4, keep=5)
+    model, optimizer = big_model_and_optimizer()
+    first = ckpt.save(4, model, optimizer, {"tokens": 400})
+    monkeypatch.setattr(checkpoint.dcp, "save", lambda *a, **k: pytest.fail("it began to write"))
+    with pytest.raises(checkpoint.CheckpointDiskFull) as failure:
+        ckpt.save(8, model, optimizer, {"tokens": 800})
+    message = str(failure.value)
+    assert f"no room for checkpoint step_000008 in {small_disk}: it needs " in message
+    needed = int(message.split("it needs ")[1].split(" bytes")[0].replace(",", ""))
+    assert 1_380_000 < needed < 1_500_000  # the state's 1.38 MB and the margin
+    assert failure.value.errno == errno.ENOSPC
+    assert names(small_disk) == ["step_000004"]  # no .tmp left
+    assert checkpoint.damage(first) is None
+    assert ckpt.find_resume() == first
+
+
+def test_a_disk_that_fills_during_the_write_leaves_the_previous_checkpoint_whole(
+    small_disk, monkeypatch
+):
+    """The free-space check passed (another writer filled the disk after it): the write itself
+    runs out of room, the same error comes, the partial folder is removed."""
+    ckpt = Checkpointer(small_disk, MINE, every=4, keep=5)
+    model, optimizer = big_model_and_optimizer()
+    first = ckpt.save(4, model, optimizer, {"tokens": 400})
+    answers = iter([1 << 40])  # the check before the write sees room; later queries the truth
+    real_free_bytes = checkpoint.free_bytes
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda f: next(answers, 0) or real_free_bytes(f))
+    with pytest.raises(checkpoint.CheckpointDiskFull, match=f"in {small_disk}: it needs "):
+        ckpt.save(8, model, optimizer, {"tokens": 800})
+    assert names(small_disk) == ["step_000004"]
+    assert checkpoint.damage(first) is None
+    fresh, fresh_optimizer = big_model_and_optimizer()
+    assert ckpt.load(first, fresh, fresh_optimizer)["tokens"] == 400

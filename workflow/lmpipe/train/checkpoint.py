@@ -11,8 +11,11 @@ Checkpoints of other settings are never resumed: they are moved aside to
 `.tmp` can still be broken when its files were copied, restored or cut short outside the
 trainer (a crash mid-copy, a full disk): `damage` checks every file DCP's `.metadata` lists, at
 the size it must have, and a broken checkpoint is moved to `checkpoints/broken/` with a warning
-that names it and what is wrong; the one before is resumed. A fresh start (`--fresh-start`)
-moves every checkpoint aside to `checkpoints/retired/{UTC time}/`.
+that names it and what is wrong; the one before is resumed. A save that does not fit on the disk
+stops with `CheckpointDiskFull`, naming the folder and the bytes, before it writes (or, when the
+disk fills during the write, as soon as it does): its `.tmp` is removed and the checkpoints
+already there stay as they were. A fresh start (`--fresh-start`) moves every checkpoint aside to
+`checkpoints/retired/{UTC time}/`.
 
 The final checkpoint `final/` is the contract with `convert`: `{"model": state dict}` with full,
 unprefixed parameter names (loadable in one process without a process group) and `meta.json`.
@@ -20,6 +23,7 @@ unprefixed parameter names (loadable in one process without a process group) and
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -39,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,62 @@ STATE_FILE = "train_state.json"
 PREFIX = "step_"
 TMP = ".tmp"
 STEP_FOLDER = re.compile(rf"{PREFIX}(\d+)")
+# DCP's files hold the tensors' bytes plus a little (headers, `.metadata`): what a save must find
+# free, over the tensor bytes of every rank
+ROOM_MARGIN, ROOM_EXTRA = 1.02, 1 << 16
+
+
+class CheckpointDiskFull(OSError):
+    """A checkpoint that does not fit in its folder's free space (errno ENOSPC)."""
+
+    def __init__(self, folder: Path, needed: int, free: int):
+        super().__init__(
+            errno.ENOSPC,
+            f"no room for checkpoint {folder.name.removesuffix(TMP)} in {folder.parent}: it"
+            f" needs {needed:,} bytes and {free:,} were free. The checkpoints already there are"
+            " intact; free space there (or lower train.keep_checkpoints) and rerun",
+        )
+
+
+def tensor_bytes(state: Any) -> int:
+    """This rank's bytes of the tensors in a nested state dict (a DTensor: its local shard)."""
+    if isinstance(state, DTensor):
+        state = state.to_local()
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
+
+
+def free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def write_state(state: dict[str, Any], tmp: Path) -> None:
+    """`dcp.save(state)` into `tmp`, or `CheckpointDiskFull` when it does not fit.
+
+    Every rank's tensor bytes are summed and checked against the free space first (rank 0's view
+    of the folder, which all ranks share), so a save that cannot fit writes nothing; a disk that
+    fills during the write all the same (another writer) gives the same error."""
+    sizes: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(sizes, tensor_bytes(state))
+    needed = int(sum(sizes) * ROOM_MARGIN) + ROOM_EXTRA
+    free = _broadcast(free_bytes(tmp))
+    if free < needed:
+        raise CheckpointDiskFull(tmp, needed, free)
+    try:
+        dcp.save(state, checkpoint_id=tmp)
+    except CheckpointException as e:
+        enospc = any(getattr(exc, "errno", None) == errno.ENOSPC for exc, _ in e.failures.values())
+        # torch.save's zip writer reports a full disk as a RuntimeError ("unexpected pos"), so
+        # a failure that leaves less room than the rest of the state needs is a full disk too
+        written = sum(f.stat().st_size for f in tmp.iterdir() if f.is_file())
+        if enospc or free_bytes(tmp) < needed - written:
+            raise CheckpointDiskFull(tmp, needed, free) from e
+        raise
 
 
 def damage(path: Path) -> str | None:
@@ -204,7 +265,7 @@ class Checkpointer:
         final = self.folder / f"{PREFIX}{step:06d}"
         with atomic_folder(final) as tmp:
             model_sd, optim_sd = get_state_dict(model, optimizer)
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+            write_state({"model": model_sd, "optim": optim_sd}, tmp)
             torch.save(_rng_state(), tmp / f"rng_rank{dist.get_rank():05d}.pt")
             if dist.get_rank() == 0:
                 state = dict(
@@ -256,7 +317,12 @@ def atomic_folder(final: Path) -> Iterator[Path]:
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     dist.barrier()
-    yield tmp
+    try:
+        yield tmp
+    except BaseException:
+        if dist.get_rank() == 0:  # a failed save (a full disk): its part goes now, and its space
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     dist.barrier()  # every rank's files are written
     if dist.get_rank() == 0:
         if final.exists():  # the same step from an earlier attempt
@@ -268,6 +334,6 @@ def atomic_folder(final: Path) -> Iterator[Path]:
 def save_final(folder: str | Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
     """The contract with convert: DCP `{"model": state dict}` + `meta.json`, renamed at the end."""
     with atomic_folder(Path(folder)) as tmp:
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=tmp)
+        write_state({"model": get_model_state_dict(model)}, tmp)
         if dist.get_rank() == 0:
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
