@@ -503,3 +503,56 @@ def test_a_disk_that_fills_during_the_write_leaves_the_previous_checkpoint_whole
     assert checkpoint.damage(first) is None
     fresh, fresh_optimizer = big_model_and_optimizer()
     assert ckpt.load(first, fresh, fresh_optimizer)["tokens"] == 400
+
+
+# ---- asynchronous saves (train.checkpoint_async) ----------------------------------------------
+
+
+def test_an_async_save_holds_the_state_of_its_call_and_appears_only_when_done(tmp_path):
+    """The write runs in a thread after save() returns; the training goes on changing the
+    weights meanwhile; the checkpoint holds the weights of the call, and `step_N/` exists only
+    once the write is done (the rename waits for it)."""
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2, asynchronous=True)
+    model, optimizer = big_model_and_optimizer()
+    at_save = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = optimizer.state_dict()["state"][0]["exp_avg"].clone()
+    path = ckpt.save(4, model, optimizer, {"tokens": 400}, blocking=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the next steps
+    assert not path.exists() and ckpt.pending is not None  # renamed once the write is done
+    assert ckpt.wait() == path
+    assert ckpt.pending is None and names(tmp_path) == ["step_000004"]
+    fresh, fresh_optimizer = big_model_and_optimizer()
+    assert ckpt.load(path, fresh, fresh_optimizer)["tokens"] == 400
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, at_save[k]), k
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"], moments)
+
+
+def test_the_next_save_finishes_the_one_in_flight_first_and_prunes(tmp_path):
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2, asynchronous=True)
+    model, optimizer = model_and_optimizer()
+    for step in (4, 8, 12):
+        ckpt.save(step, model, optimizer, {"tokens": step}, blocking=False)
+    assert names(tmp_path) == ["step_000004", "step_000008", "step_000012.tmp"]
+    ckpt.save(16, model, optimizer, {"tokens": 16})  # blocking: the save on a signal
+    assert ckpt.pending is None
+    assert names(tmp_path) == ["step_000012", "step_000016"]
+    assert ckpt.find_resume() == tmp_path / "step_000016"
+
+
+def test_an_async_write_that_fills_the_disk_fails_at_wait_and_leaves_no_tmp(
+    small_disk, monkeypatch
+):
+    ckpt = Checkpointer(small_disk, MINE, every=4, keep=5, asynchronous=True)
+    model, optimizer = big_model_and_optimizer()
+    first = ckpt.save(4, model, optimizer, {"tokens": 400})
+    answers = iter([1 << 40])  # the check before the write sees room
+    real_free_bytes = checkpoint.free_bytes
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda f: next(answers, 0) or real_free_bytes(f))
+    ckpt.save(8, model, optimizer, {"tokens": 800}, blocking=False)
+    with pytest.raises(checkpoint.CheckpointDiskFull, match=f"in {small_disk}: it needs "):
+        ckpt.wait()
+    assert names(small_disk) == ["step_000004"]
+    assert checkpoint.damage(first) is None

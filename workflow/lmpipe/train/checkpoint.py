@@ -29,6 +29,7 @@ import logging
 import re
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,8 +86,12 @@ def free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
-def write_state(state: dict[str, Any], tmp: Path) -> None:
-    """`dcp.save(state)` into `tmp`, or `CheckpointDiskFull` when it does not fit.
+def write_state(
+    state: dict[str, Any], tmp: Path, group: dist.ProcessGroup | None = None
+) -> Future | None:
+    """`dcp.save(state)` into `tmp`, or `CheckpointDiskFull` when it does not fit. With `group`
+    (a process group of its own), `dcp.async_save` instead: it returns once the state is copied
+    to CPU memory and writes in a thread; `Future.result()` raises what the write met.
 
     Every rank's tensor bytes are summed and checked against the free space first (rank 0's view
     of the folder, which all ranks share), so a save that cannot fit writes nothing; a disk that
@@ -97,16 +102,34 @@ def write_state(state: dict[str, Any], tmp: Path) -> None:
     free = _broadcast(free_bytes(tmp))
     if free < needed:
         raise CheckpointDiskFull(tmp, needed, free)
-    try:
-        dcp.save(state, checkpoint_id=tmp)
-    except CheckpointException as e:
+
+    def disk_full_or(e: CheckpointException) -> BaseException:
         enospc = any(getattr(exc, "errno", None) == errno.ENOSPC for exc, _ in e.failures.values())
         # torch.save's zip writer reports a full disk as a RuntimeError ("unexpected pos"), so
         # a failure that leaves less room than the rest of the state needs is a full disk too
         written = sum(f.stat().st_size for f in tmp.iterdir() if f.is_file())
         if enospc or free_bytes(tmp) < needed - written:
-            raise CheckpointDiskFull(tmp, needed, free) from e
-        raise
+            return CheckpointDiskFull(tmp, needed, free)
+        return e
+
+    if group is not None:
+        done: Future = Future()
+
+        def finish(write: Future) -> None:
+            try:
+                done.set_result(write.result())
+            except CheckpointException as e:
+                done.set_exception(disk_full_or(e))
+            except BaseException as e:
+                done.set_exception(e)
+
+        dcp.async_save(state, checkpoint_id=tmp, process_group=group).add_done_callback(finish)
+        return done
+    try:
+        dcp.save(state, checkpoint_id=tmp)
+    except CheckpointException as e:
+        raise disk_full_or(e) from e
+    return None
 
 
 def damage(path: Path) -> str | None:
@@ -160,11 +183,23 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
 class Checkpointer:
     """Owns the checkpoint folder: when to save, saving, pruning, and what to resume from."""
 
-    def __init__(self, folder: str | Path, settings_hash: str, every: int, keep: int):
+    def __init__(
+        self,
+        folder: str | Path,
+        settings_hash: str,
+        every: int,
+        keep: int,
+        asynchronous: bool = False,
+    ):
         self.folder = Path(folder)
         self.settings_hash = settings_hash
         self.every = every
         self.keep = keep
+        # train.checkpoint_async: periodic saves write in a thread (dcp.async_save), whose
+        # collectives run on a gloo group of their own so that they never interleave with the
+        # training's (as torchtitan does); at most one is in flight (`wait`)
+        self.group = dist.new_group(backend="gloo") if asynchronous else None
+        self.pending: tuple[Future, Path, Path] | None = None  # (write, tmp, final)
 
     def should_save(self, step: int, last_step: int) -> bool:
         return step == last_step or (self.every > 0 and step % self.every == 0)
@@ -260,12 +295,15 @@ class Checkpointer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         train_state: dict[str, Any],
+        blocking: bool = True,
     ) -> Path:
-        """Write `step_NNNNNN/` on all ranks (atomically), then prune old ones."""
+        """Write `step_NNNNNN/` on all ranks (atomically), then prune old ones. `blocking=False`
+        on an asynchronous Checkpointer returns once the state is staged; the folder appears
+        (renamed from `.tmp`) at the next `save` or `wait`."""
+        self.wait()
         final = self.folder / f"{PREFIX}{step:06d}"
-        with atomic_folder(final) as tmp:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            write_state({"model": model_sd, "optim": optim_sd}, tmp)
+        tmp = begin_folder(final)
+        try:
             torch.save(_rng_state(), tmp / f"rng_rank{dist.get_rank():05d}.pt")
             if dist.get_rank() == 0:
                 state = dict(
@@ -275,9 +313,36 @@ class Checkpointer:
                     world_size=dist.get_world_size(),
                 )
                 (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            if self.group is not None and not blocking:
+                self.pending = (write_state(state, tmp, self.group), tmp, final)
+                return final
+            write_state(state, tmp)
+        except BaseException:
+            drop_folder(tmp)
+            raise
+        self._commit(tmp, final)
+        return final
+
+    def wait(self) -> Path | None:
+        """Finish the save in flight, if any: wait for its write, then rename and prune."""
+        if self.pending is None:
+            return None
+        write, tmp, final = self.pending
+        self.pending = None
+        try:
+            write.result()
+        except BaseException:
+            drop_folder(tmp)
+            raise
+        self._commit(tmp, final)
+        return final
+
+    def _commit(self, tmp: Path, final: Path) -> None:
+        commit_folder(tmp, final)
         if dist.get_rank() == 0:
             self._prune()
-        return final
 
     def _prune(self) -> None:
         mine = [path for _, path, digest in self._complete() if digest == self.settings_hash]
@@ -305,30 +370,46 @@ class Checkpointer:
         return json.loads((path / STATE_FILE).read_text())
 
 
-@contextmanager
-def atomic_folder(final: Path) -> Iterator[Path]:
-    """All ranks write into `final.tmp/`; once every rank is done, rank 0 renames it to `final`.
-
-    So a checkpoint folder exists only when complete, whatever kills the job while it is written.
-    """
+def begin_folder(final: Path) -> Path:
+    """`final.tmp/`, empty, made by rank 0 and seen by every rank: where a save writes."""
     tmp = final.with_name(final.name + TMP)
     if dist.get_rank() == 0:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     dist.barrier()
-    try:
-        yield tmp
-    except BaseException:
-        if dist.get_rank() == 0:  # a failed save (a full disk): its part goes now, and its space
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return tmp
+
+
+def commit_folder(tmp: Path, final: Path) -> None:
+    """Once every rank has written into `tmp`, rank 0 renames it to `final`."""
     dist.barrier()  # every rank's files are written
     if dist.get_rank() == 0:
         if final.exists():  # the same step from an earlier attempt
             shutil.rmtree(final)
         tmp.rename(final)
     dist.barrier()
+
+
+def drop_folder(tmp: Path) -> None:
+    """A failed save (a full disk): its part goes now, and with it the space it took."""
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def atomic_folder(final: Path) -> Iterator[Path]:
+    """All ranks write into `final.tmp/`; once every rank is done, rank 0 renames it to `final`.
+
+    So a checkpoint folder exists only when complete, whatever kills the job while it is written.
+    """
+    tmp = begin_folder(final)
+    try:
+        yield tmp
+    except BaseException:
+        drop_folder(tmp)
+        raise
+    commit_folder(tmp, final)
 
 
 def save_final(folder: str | Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
