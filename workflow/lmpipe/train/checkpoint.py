@@ -136,16 +136,22 @@ def damage(path: Path) -> str | None:
     """What makes the checkpoint folder `path` unusable, or None when every file it needs is
     there at its full size: train_state.json (a JSON object), DCP's `.metadata`, every file that
     `.metadata` lists (at least offset + length bytes), and each rank's RNG file."""
+    return _inspect(path)[1]
+
+
+def _inspect(path: Path) -> tuple[dict[str, Any], str | None]:
+    """(train_state.json's content, what is broken): `damage`, and the state it read on the way
+    (empty where the folder is broken)."""
     try:
         state = json.loads((path / STATE_FILE).read_text())
     except (OSError, ValueError) as e:
-        return f"{STATE_FILE} is unreadable ({type(e).__name__}: {e})"
+        return {}, f"{STATE_FILE} is unreadable ({type(e).__name__}: {e})"
     if not isinstance(state, dict):
-        return f"{STATE_FILE} holds {type(state).__name__}, not an object"
+        return {}, f"{STATE_FILE} holds {type(state).__name__}, not an object"
     try:
         metadata = dcp.FileSystemReader(path).read_metadata()
     except Exception as e:  # missing, cut short or garbled: unpickling raises many kinds
-        return f".metadata is unreadable ({type(e).__name__}: {e})"
+        return {}, f".metadata is unreadable ({type(e).__name__}: {e})"
     needed: dict[str, int] = {}  # file -> the bytes it must hold
     for info in metadata.storage_data.values():
         end = info.offset + info.length
@@ -154,10 +160,10 @@ def damage(path: Path) -> str | None:
     for name, size in sorted(needed.items()):
         file = path / name
         if not file.is_file():
-            return f"{name} is missing"
+            return {}, f"{name} is missing"
         if file.stat().st_size < size:
-            return f"{name} holds {file.stat().st_size} bytes of the {size} it must"
-    return None
+            return {}, f"{name} holds {file.stat().st_size} bytes of the {size} it must"
+    return state, None
 
 
 def _broadcast(obj: Any) -> Any:
@@ -214,10 +220,8 @@ class Checkpointer:
             number = STEP_FOLDER.fullmatch(path.name)
             if number is None or not path.is_dir():  # `.tmp` folders and stray names
                 continue
-            digest = None
-            if damage(path) is None:
-                digest = json.loads((path / STATE_FILE).read_text()).get("settings_hash")
-            found.append((int(number[1]), path, digest))
+            state, _ = _inspect(path)  # broken: no state, so no settings hash
+            found.append((int(number[1]), path, state.get("settings_hash")))
         return sorted(found)
 
     def newest(self) -> Path | None:
