@@ -14,6 +14,7 @@ from conftest import REPO
 from lmpipe import config as lmconfig
 from lmpipe import schema
 from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
+from lmpipe.train.loop import NOT_TRAJECTORY
 
 CONFIG = REPO / "config" / "config.yaml"
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -297,3 +298,17 @@ def test_the_cli_checks_a_file_in_one_line(tmp_path, cfg, capsys):
     assert schema.main(["--print"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert set(printed["definitions"]["eval"]["properties"]) == set(EVAL_SECTIONS)
+
+
+def test_checkpoint_async_is_in_the_train_params_only_when_on():
+    """Adding the key must not rerun finished runs: Snakemake reruns a job whose params change,
+    so `false` (the old behaviour) leaves the params as they were before the key existed."""
+    config = schema.load_config(CONFIG)
+    run = config["reports"]["embedded"]["runs"][0]
+    off = json.loads(lmconfig.train_params(config, run))["train"]
+    assert "checkpoint_async" not in off and "keep_checkpoints" in off
+    config["runs"][run].setdefault("train", {})["checkpoint_async"] = True
+    on = json.loads(lmconfig.train_params(config, run))["train"]
+    assert on["checkpoint_async"] is True
+    assert {k: v for k, v in on.items() if k != "checkpoint_async"} == off
+    assert "checkpoint_async" in NOT_TRAJECTORY  # a resumed run may switch it

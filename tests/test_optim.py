@@ -8,17 +8,20 @@ import dataclasses
 import json
 import math
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint import async_save
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from lmpipe.config import ModelConfig, ScheduleConfig, TrainJob, train_config
 from lmpipe.data.shards import write_shard
 from lmpipe.models import build_model
 from lmpipe.registry import AdamWSettings
-from lmpipe.train import loop
+from lmpipe.train import checkpoint, loop
 from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
 from lmpipe.train.parallel import init_distributed
 from lmpipe.train.pretrain import pretraining
@@ -123,7 +126,7 @@ MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "vocab_size"
 SEQ_LEN, BATCH_TOKENS, PEAK_FLOPS, GRAD_CLIP = 16, 64, 1e9, 0.5
 
 
-def train_job() -> TrainJob:
+def train_job(**train) -> TrainJob:
     t = {
         "seq_len": SEQ_LEN,
         "micro_batch": 2,
@@ -135,24 +138,45 @@ def train_job() -> TrainJob:
         "val_every": 0,
         "val_tokens": 64,
         "checkpoint_every": 0,
-    }
+    } | train
     train = json.loads(json.dumps(dataclasses.asdict(train_config(t, "train"))))
     launch = {"device": "cpu", "nodes": 1, "procs_per_node": 1, "peak_flops": PEAK_FLOPS}
     job = {"run": "t", "dataset": "x", "model": MODEL, "train": train, "launch": launch}
     return TrainJob.from_json(json.dumps(job))
 
 
-@pytest.fixture(scope="module")
-def loop_run(tmp_path_factory) -> tuple[list[dict], list[tuple[float, float, float]]]:
-    """metrics.jsonl of a 4-step run, and (max_norm, norm before, norm after) of each clip."""
-    data = tmp_path_factory.mktemp("tokens")
+def tiny_data(folder: Path) -> Path:
+    """Random tokens as a val shard and a train shard, with their manifest."""
     rng = np.random.default_rng(0)
     shards = []
     for i, split in enumerate(["val", "train"]):
         name = f"x_{split}_{i:06d}.bin"
-        write_shard(data / name, rng.integers(0, 500, 2000).astype(np.uint16))
+        write_shard(folder / name, rng.integers(0, 500, 2000).astype(np.uint16))
         shards.append({"file": name, "split": split, "tokens": 2000})
-    (data / "manifest.json").write_text(json.dumps({"dataset": "x", "shards": shards}))
+    (folder / "manifest.json").write_text(json.dumps({"dataset": "x", "shards": shards}))
+    return folder / "manifest.json"
+
+
+def train_in_process(job: TrainJob, manifest: Path, out: Path) -> None:
+    """The training loop in this process (one rank, gloo), its signal handlers put back after."""
+    assert not dist.is_initialized()
+    out.mkdir(parents=True, exist_ok=True)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    stop = loop.StopFlag()
+    d = init_distributed("cpu")
+    try:
+        task = pretraining(job, manifest, d, None)
+        assert loop.run(job, task, out, d, stop) == 0
+    finally:
+        dist.destroy_process_group()
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+@pytest.fixture(scope="module")
+def loop_run(tmp_path_factory) -> tuple[list[dict], list[tuple[float, float, float]]]:
+    """metrics.jsonl of a 4-step run, and (max_norm, norm before, norm after) of each clip."""
+    manifest = tiny_data(tmp_path_factory.mktemp("tokens"))
     out = tmp_path_factory.mktemp("train")
 
     clips = []
@@ -164,20 +188,9 @@ def loop_run(tmp_path_factory) -> tuple[list[dict], list[tuple[float, float, flo
         clips.append((max_norm, norm.item(), after))
         return norm
 
-    assert not dist.is_initialized()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
-    job = train_job()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loop, "clip_grad_norm", recording_clip)
-        stop = loop.StopFlag()
-        d = init_distributed("cpu")
-        try:
-            task = pretraining(job, data / "manifest.json", d, None)
-            assert loop.run(job, task, out, d, stop) == 0
-        finally:
-            dist.destroy_process_group()
-            for s, h in handlers.items():
-                signal.signal(s, h)
+        train_in_process(train_job(), manifest, out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "loss" in r], clips
 
@@ -212,3 +225,53 @@ def test_mfu_is_llmc_flops_per_token_over_the_peak(loop_run):
     flops_per_token = 6 * n_params + 6 * L * C * T
     for r in rows:
         assert r["mfu"] == pytest.approx(flops_per_token * r["tokens_per_s"] / PEAK_FLOPS, rel=1e-9)
+
+
+def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint (model and AdamW state), read in one process."""
+    copy = folder.parent.parent / f"{folder.name}.pt"  # beside the run, not among its checkpoints
+    dcp_to_torch_save(folder, copy)
+    state = torch.load(copy, weights_only=False)
+
+    def tensors(d: dict, prefix: str = "") -> dict[str, torch.Tensor]:
+        flat = {}
+        for key, value in d.items():
+            if isinstance(value, dict):
+                flat |= tensors(value, f"{prefix}{key}.")
+            elif isinstance(value, torch.Tensor):
+                flat[f"{prefix}{key}"] = value
+        return flat
+
+    return tensors(state)
+
+
+def test_async_checkpoints_hold_each_step_s_state_as_synchronous_ones_do(tmp_path):
+    """train.checkpoint_async: each periodic checkpoint is written while the next steps change
+    the weights in place, so it must hold its own step's state: tensor for tensor what the
+    synchronous saves of the same run hold. The last one is written before the run ends."""
+    manifest = tiny_data(tmp_path)
+    saved = {}
+    for mode in (False, True):
+        out = tmp_path / f"async-{mode}"
+        job = train_job(checkpoint_every=1, keep_checkpoints=4, checkpoint_async=mode)
+        calls = []
+
+        def counted(*args, calls=calls, **kwargs):
+            calls.append(kwargs["checkpoint_id"].name)
+            return async_save(*args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(checkpoint.dcp, "async_save", counted)
+            train_in_process(job, manifest, out)
+        # steps 1-3 in a thread; the last step's save is synchronous
+        assert calls == ([f"step_00000{s}.tmp" for s in (1, 2, 3)] if mode else [])
+        folders = sorted((out / "checkpoints").iterdir())
+        assert [f.name for f in folders] == [f"step_{s:06d}" for s in (1, 2, 3, 4)]
+        saved[mode] = {f.name: checkpoint_tensors(f) for f in folders}
+    for name, tensors in saved[False].items():
+        assert tensors.keys() == saved[True][name].keys()
+        for key, value in tensors.items():
+            assert torch.equal(value, saved[True][name][key]), (name, key)
+    # the steps differ from each other, so a checkpoint holding a later step's state would fail
+    wte = "model.transformer.wte.weight"
+    assert not torch.equal(saved[True]["step_000001"][wte], saved[True]["step_000002"][wte])

@@ -136,6 +136,9 @@ class TrainConfig:
     eval_items: int = 10_042  # items each time (the whole val set, as llm.c; fewer if the file is)
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
+    # periodic checkpoints written in a thread (dcp.async_save) while training goes on; the last
+    # save and the save on a signal stay synchronous
+    checkpoint_async: bool = False
     dtype: str = "float32"
     compile: bool = False
     fsdp: FSDPConfig = FSDPConfig()
@@ -410,6 +413,16 @@ def conversations_params(config: dict[str, Any], dataset: str) -> str:
     return canonical_json(d | {"dataset": dataset})
 
 
+def _train_settings(train: TrainConfig) -> dict[str, Any]:
+    """The train section as the train rule's params. A key added since a run was trained is left
+    out while it has the value that behaves as before (checkpoint_async: false), so that adding
+    it never reruns a finished run (Snakemake reruns a job whose params changed)."""
+    settings = dataclasses.asdict(train)
+    if not settings["checkpoint_async"]:
+        del settings["checkpoint_async"]
+    return settings
+
+
 def train_params(config: dict[str, Any], run: str) -> str:
     """Model, training settings, placement (and a fine-tuning run's base and epochs): everything
     that shapes the trajectory or its logs, as a TrainJob."""
@@ -418,7 +431,7 @@ def train_params(config: dict[str, Any], run: str) -> str:
         "run": run,
         "dataset": rc.dataset,
         "model": dataclasses.asdict(rc.model),
-        "train": dataclasses.asdict(rc.train),
+        "train": _train_settings(rc.train),
         # cluster-only resources (memory, time limit, ...) never retrain a run
         "launch": {f.name: getattr(rc.launch, f.name) for f in dataclasses.fields(Placement)},
     }

@@ -51,7 +51,8 @@ log = logging.getLogger("lmpipe.train")
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retry resumes
 # train settings that never change the trajectory (logging, evaluation and checkpointing only)
 NOT_TRAJECTORY = (
-    "val_every", "val_tokens", "eval_every", "eval_items", "checkpoint_every", "keep_checkpoints"
+    "val_every", "val_tokens", "eval_every", "eval_items", "checkpoint_every", "keep_checkpoints",
+    "checkpoint_async",
 )  # fmt: skip
 
 
@@ -213,7 +214,13 @@ def run(
     loader = Prefetcher(task.loader, pin=d.device.type == "cuda")
     try:
         # resume from the newest checkpoint of these settings, if any
-        ckpt = Checkpointer(out / "checkpoints", digest, tc.checkpoint_every, tc.keep_checkpoints)
+        ckpt = Checkpointer(
+            out / "checkpoints",
+            digest,
+            tc.checkpoint_every,
+            tc.keep_checkpoints,
+            asynchronous=tc.checkpoint_async,
+        )
         if fresh_start:
             ckpt.retire_all()
         step, tokens, wall_before, eval_total = 0, 0, 0.0, 0.0
@@ -355,8 +362,11 @@ def run(
                     "wall_s": wall_s(),
                     "eval_s": eval_total,
                 }
-                path = ckpt.save(step, model, optimizer, state)
-                log.info("saved checkpoint %s", path)
+                # asynchronous (train.checkpoint_async): written while training goes on, except
+                # the last and the one on a signal, which must be on disk before the exit
+                blocking = stop_requested or step == tc.max_steps
+                path = ckpt.save(step, model, optimizer, state, blocking=blocking)
+                log.info("saved checkpoint %s" if blocking else "saving checkpoint %s", path)
             if stop_requested:
                 log.warning("stopping at step %d on a signal; a restart resumes from there", step)
                 # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
