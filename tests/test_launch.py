@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import signal
@@ -22,10 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch.distributed as dist
+import yaml
 
 from conftest import REPO
-from lmpipe.config import TrainJob, train_config
+from lmpipe.config import TrainJob, train_config, train_params
 from lmpipe.data.shards import write_shard
+from lmpipe.schema import load_config
 from lmpipe.train import launch, loop
 from lmpipe.train.parallel import init_distributed
 from lmpipe.train.pretrain import pretraining
@@ -187,3 +190,29 @@ def test_sigterm_to_the_launcher_checkpoints_and_fails_for_a_retry(tmp_path):
     assert re.search(r"exitcode\s*:\s*75\b", log), log  # torchrun: the worker's EXIT_STOPPED
     (saved,) = (out / "checkpoints").glob("step_*")
     assert 1 <= int(saved.name.split("_")[1]) < 500 and not (out / "final").exists()
+
+
+@pytest.mark.parametrize(
+    "run, params, grace",
+    [
+        # 12 bytes a parameter (fp32 weights, AdamW's two moments) at the assumed 5e8 bytes/s,
+        # three times over, on top of torchrun's 30 s. Parameters by hand, padded vocab 50304:
+        # wte + wpe + layers x (2 LayerNorms, c_attn, attn.c_proj, c_fc, mlp.c_proj) + ln_f
+        ("124m", 50304 * 768 + 1024 * 768 + 12 * 7_087_872 + 2 * 768, 39),  # 2.99 s to write
+        ("350m", 50304 * 1024 + 1024 * 1024 + 24 * 12_596_224 + 2 * 1024, 56),  # 8.52 s
+    ],
+)
+def test_torchrun_gives_the_workers_time_to_save_after_a_sigterm(run, params, grace):
+    """torchrun kills its workers 30 s after a SIGTERM by default; a 350M save needs longer on
+    a slow disk, so the launcher passes --shutdown-timeout for the run's checkpoint size."""
+    assert yaml.safe_load((REPO / "resources" / "throughputs.yaml").read_text())["io"][
+        "disk_bytes_per_s"
+    ]["value"] == pytest.approx(5e8)
+    config = load_config(REPO / "config" / "config.yaml")
+    job = TrainJob.from_json(train_params(config, run))
+    assert job.launch.nodes == 1
+    assert 30 + math.ceil(3 * 12 * params / 5e8) == grace
+    cmd, _ = launch.build_command(job, ["--out", "x"])
+    assert f"--shutdown-timeout={grace}" in cmd
+    # an option of torchrun (before the worker module), not of the worker
+    assert cmd.index(f"--shutdown-timeout={grace}") < cmd.index("-m", 3)

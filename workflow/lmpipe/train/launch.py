@@ -20,11 +20,19 @@ straight to the workers (the agent's children). They finish the step, save a che
 with lmpipe.train.loop.EXIT_STOPPED; torchrun then fails, and so does the job, for Snakemake to
 retry.
 Under srun, the same forwarding runs on every node (`--node-agent`); srun passes the signal on.
+
+A SIGTERM that reaches torchrun itself (SLURM signals every process of a job step at a time
+limit or on `scancel`) makes its agent stop the workers and kill them `--shutdown-timeout` seconds
+later, 30 by default. A worker saving its checkpoint needs longer for a large model on a slow disk
+(`benchmarks/checkpoint_stall.py`: 124M's model + AdamW, 1.65 GB, took 9.6 s on this project's
+CPU machine), so torchrun gets the time a node's share of that state takes to write at
+`io.disk_bytes_per_s`, three times over, on top of the 30 s (`shutdown_timeout`).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shlex
@@ -37,6 +45,7 @@ from typing import Any
 import psutil
 
 from lmpipe.config import Placement, TrainJob
+from lmpipe.plan import figure, num_params
 from lmpipe.train.parallel import die_with_parent
 
 RDZV_PORT = 29500
@@ -46,6 +55,18 @@ PRETRAIN_WORKER = "lmpipe.train.pretrain"
 # so that it never reruns a job by itself.
 FRESH_START_ENV = "LMPIPE_FRESH_START"
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
+TORCHRUN_SHUTDOWN_S = 30  # torchrun's own --shutdown-timeout
+CHECKPOINT_BYTES_A_PARAM = 12  # fp32 weights and AdamW's two moments
+WRITE_MARGIN = 3  # the disk figure is assumed; measured here at a third of it (171 vs 500 MB/s)
+
+
+def shutdown_timeout(job: TrainJob) -> int:
+    """Seconds torchrun waits for its workers after a SIGTERM: 30, plus three times what writing
+    this node's share of the checkpoint takes at `io.disk_bytes_per_s` (resources/throughputs.yaml).
+    """
+    node_bytes = CHECKPOINT_BYTES_A_PARAM * num_params(job.model) / job.launch.nodes
+    write_s = node_bytes / figure("io", "disk_bytes_per_s")
+    return TORCHRUN_SHUTDOWN_S + math.ceil(WRITE_MARGIN * write_s)
 
 
 def cpu_count() -> int:
@@ -77,13 +98,16 @@ def torchrun_command(
     worker: str = PRETRAIN_WORKER,
     head: str | None = None,
     job_id: str | None = None,
+    grace_s: int = TORCHRUN_SHUTDOWN_S,
 ) -> list[str]:
-    """torchrun for one node: standalone for one node, c10d rendezvous at `head` for several."""
+    """torchrun for one node: standalone for one node, c10d rendezvous at `head` for several;
+    after a SIGTERM its workers get `grace_s` seconds to save and exit."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc-per-node={launch.procs_per_node}",
+        f"--shutdown-timeout={grace_s}",
     ]
     if launch.nodes == 1:
         cmd += ["--standalone"]
@@ -98,16 +122,17 @@ def torchrun_command(
 
 
 def build_command(
-    launch: Placement, worker_args: list[str], worker: str = PRETRAIN_WORKER
+    job: TrainJob, worker_args: list[str], worker: str = PRETRAIN_WORKER
 ) -> tuple[list[str], dict[str, str]]:
     """The command line to run on this machine, and its environment."""
+    launch, grace_s = job.launch, shutdown_timeout(job)
     env = dict(os.environ)
     nodes = launch.nodes
     if launch.device == "cpu":
         # one intra-op thread pool a rank: share the cores instead of oversubscribing them
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // launch.procs_per_node)))
     if nodes == 1:
-        return torchrun_command(launch, worker_args, worker), env
+        return torchrun_command(launch, worker_args, worker, grace_s=grace_s), env
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         raise RuntimeError(f"launch.nodes is {nodes}: several nodes need a SLURM allocation")
@@ -118,7 +143,9 @@ def build_command(
     if cpus_per_task:
         srun.append(f"--cpus-per-task={cpus_per_task}")
     agent = [sys.executable, "-m", "lmpipe.train", "--node-agent", "--"]
-    torchrun = torchrun_command(launch, worker_args, worker, node_address(hosts[0]), job_id)
+    torchrun = torchrun_command(
+        launch, worker_args, worker, node_address(hosts[0]), job_id, grace_s
+    )
     return srun + agent + torchrun, env
 
 
@@ -192,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_forwarding(cmd, dict(os.environ), to_workers=True)
     if not (args.config_json and args.data and args.out):
         parser.error("--config-json, --data and --out are required")
-    launch = TrainJob.from_json(args.config_json).launch
+    job = TrainJob.from_json(args.config_json)
     worker_args = [
         "--config-json",
         args.config_json,
@@ -207,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         worker_args += ["--hellaswag", str(args.hellaswag)]
     if args.fresh_start or os.environ.get(FRESH_START_ENV, "") not in ("", "0"):
         worker_args += ["--fresh-start"]
-    cmd, env = build_command(launch, worker_args, args.worker)
-    return run_forwarding(cmd, env, to_workers=launch.nodes == 1)
+    cmd, env = build_command(job, worker_args, args.worker)
+    return run_forwarding(cmd, env, to_workers=job.launch.nodes == 1)
 
 
 if __name__ == "__main__":
