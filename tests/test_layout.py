@@ -11,7 +11,17 @@ from conftest import REPO
 
 PACKAGE = REPO / "workflow" / "lmpipe"
 # the ground: every stage may use these, and they use nothing above them
-GROUND = {"config", "paths", "provenance", "files", "registry", "schema", "hardware", "plan"}
+GROUND = {
+    "config",
+    "paths",
+    "provenance",
+    "files",
+    "registry",
+    "schema",
+    "hardware",
+    "plan",
+    "throughputs",
+}
 # what each stage may import besides the ground: the stages whose work it consumes
 MAY_IMPORT = {
     "data": {"data"},

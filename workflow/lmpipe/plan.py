@@ -38,8 +38,8 @@ from lmpipe import config as lmconfig
 from lmpipe.hardware import gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES, EVALUATIONS, SUITE_TASKS
+from lmpipe.throughputs import THROUGHPUTS, basis, figure, throughputs
 
-THROUGHPUTS = REPO_ROOT / "resources" / "throughputs.yaml"
 SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
 DEFAULT_GPU = "a100"  # llm.c's reference hardware, when a run names no gpu_model
 CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMPTS (4 each)
@@ -47,20 +47,6 @@ CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMP
 # measured as that figure, llm.c scoring, over resources/hellaswag_val_sample.jsonl
 HELLASWAG_ENDING_TOKENS = 125.6
 MIN_LIMIT = 30  # minutes: the least a derived time limit asks for
-
-
-@cache
-def throughputs() -> dict[str, Any]:
-    return yaml.safe_load(THROUGHPUTS.read_text())
-
-
-def figure(section: str, key: str) -> float:
-    return float(throughputs()[section][key]["value"])
-
-
-def basis(section: str, key: str) -> str:
-    entry = throughputs()[section][key]
-    return "measured" if "measured" in entry else "assumed"
 
 
 @cache

@@ -45,7 +45,8 @@ from typing import Any
 import psutil
 
 from lmpipe.config import Placement, TrainJob
-from lmpipe.plan import figure, num_params
+from lmpipe.registry import ARCHITECTURES
+from lmpipe.throughputs import figure
 from lmpipe.train.parallel import die_with_parent
 
 RDZV_PORT = 29500
@@ -64,7 +65,8 @@ def shutdown_timeout(job: TrainJob) -> int:
     """Seconds torchrun waits for its workers after a SIGTERM: 30, plus three times what writing
     this node's share of the checkpoint takes at `io.disk_bytes_per_s` (resources/throughputs.yaml).
     """
-    node_bytes = CHECKPOINT_BYTES_A_PARAM * num_params(job.model) / job.launch.nodes
+    params = ARCHITECTURES[job.model.arch].num_params(job.model)
+    node_bytes = CHECKPOINT_BYTES_A_PARAM * params / job.launch.nodes
     write_s = node_bytes / figure("io", "disk_bytes_per_s")
     return TORCHRUN_SHUTDOWN_S + math.ceil(WRITE_MARGIN * write_s)
 
