@@ -14,6 +14,10 @@ SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 REPORT_TEMPLATES = REPO_ROOT / "workflow" / "report"
 TOKENIZER_DIR = REPO_ROOT / "resources" / "gpt2"  # GPT-2's BPE files, shipped with the repo
+# files of a run's train/ folder: the trainer writes them (it knows only the folder), the report
+# reads them through Layout
+METRICS_FILE = "metrics.jsonl"
+ATTEMPTS_FILE = "attempts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,11 @@ class Layout:
         return f"{self.train_dir(run)}/final"
 
     def metrics(self, run: str) -> str:
-        return f"{self.train_dir(run)}/metrics.jsonl"
+        return f"{self.train_dir(run)}/{METRICS_FILE}"
+
+    def attempts(self, run: str) -> str:
+        """Each start and end of the trainer (lmpipe.train.attempts): what the run survived."""
+        return f"{self.train_dir(run)}/{ATTEMPTS_FILE}"
 
     def model_dir(self, run: str) -> str:
         return f"{self.run_dir(run)}/model"
