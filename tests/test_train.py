@@ -27,6 +27,7 @@ from lmpipe.data.loader import ShardLoader
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.models.gpt2.model import GPT, GPTConfig
+from lmpipe.train.metrics import Metrics
 from lmpipe.train.optim import lr_at
 
 MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
@@ -136,6 +137,20 @@ def test_lr_warmup_cosine_floor():
     assert lr(100) == pytest.approx(0.1)  # the floor
     assert all(lr(s) >= lr(s + 1) for s in range(10, 100))
     assert lr(55, peak=3.0) == pytest.approx(1.65)  # a group's own peak, the same shape
+
+
+def test_a_resume_drops_a_torn_last_metrics_line_and_names_a_broken_one(tmp_path, caplog):
+    """SIGKILL mid-write tears metrics.jsonl's last line: the resume must not crash on it."""
+    rows = [json.dumps({"step": s, "tokens": s, "loss": 1.0}) for s in range(4)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(rows) + '\n{"step": 4, "tok')
+    Metrics(tmp_path, resume_step=2, enabled=True).close()
+    assert path.read_text().splitlines() == rows[:3]
+    assert "metrics.jsonl:5: dropping a torn last line" in caplog.text
+
+    path.write_text("\n".join([rows[0], "{oops", *rows[1:]]) + "\n")  # not a kill's doing
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not valid JSON"):
+        Metrics(tmp_path, resume_step=2, enabled=True)
 
 
 def test_loader_ranks_split_each_step_and_resume_exactly(manifest):

@@ -8,11 +8,40 @@ a validation (`val_loss`) or HellaSwag during training (`hellaswag`: acc_norm, `
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
+
+from lmpipe.paths import METRICS_FILE
+
+log = logging.getLogger("lmpipe.train")
+
+
+def lines_up_to(path: Path, step: int) -> list[str]:
+    """The lines of `path` whose step is at most `step`, for a resume to keep.
+
+    A run killed mid-write (SIGKILL, a node lost) leaves its last line torn: dropped with a
+    warning, its step is redone anyway. A broken line elsewhere is not a kill's doing: an error
+    naming the file and line.
+    """
+    lines = path.read_text().splitlines()
+    kept = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                log.warning("%s:%d: dropping a torn last line (%s): %.80r", path, i, e, line)
+                break
+            raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+        if row["step"] <= step:
+            kept.append(line)
+    return kept
 
 
 class Metrics:
@@ -22,11 +51,10 @@ class Metrics:
         self.enabled = enabled
         if not enabled:
             return
-        self.path = out / "metrics.jsonl"
+        self.path = out / METRICS_FILE
         kept = []
         if resume_step > 0 and self.path.exists():
-            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
-            kept = [ln for ln in kept if json.loads(ln)["step"] <= resume_step]
+            kept = lines_up_to(self.path, resume_step)
         elif (out / "tb").exists():
             shutil.rmtree(out / "tb")  # a fresh start: old events would mix two trajectories
         self.path.write_text("".join(ln + "\n" for ln in kept))
