@@ -28,6 +28,7 @@ import yaml
 from conftest import REPO
 from lmpipe.config import TrainJob, train_config, train_params
 from lmpipe.data.shards import write_shard
+from lmpipe.report.restarts import read_attempts
 from lmpipe.schema import load_config
 from lmpipe.train import launch, loop
 from lmpipe.train.parallel import init_distributed
@@ -160,6 +161,10 @@ def test_sigterm_to_a_worker_checkpoints_and_exits_stopped(tmp_path, own_handler
     assert code == loop.EXIT_STOPPED == 75
     assert [p.name for p in (out / "checkpoints").glob("step_*")] == ["step_000001"]
     assert not (out / "final").exists()
+    start, saved, end = read_attempts(out / "attempts.jsonl")  # what the report reads
+    assert start == start | {"event": "start", "attempt": 1, "resumed_step": 0, "checkpoint": None}
+    assert start["world_size"] == 1 and (saved["event"], saved["step"]) == ("checkpoint", 1)
+    assert end == end | {"event": "end", "step": 1, "how": "signal", "signal": "SIGTERM"}
 
 
 # ---- the real chain: launcher, torchrun, a pretraining worker ------------------------------------

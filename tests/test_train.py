@@ -27,6 +27,8 @@ from lmpipe.data.loader import ShardLoader
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.models.gpt2.model import GPT, GPTConfig
+from lmpipe.report.restarts import read_attempts, summarise
+from lmpipe.report.runs import read_metrics
 from lmpipe.train.metrics import Metrics
 from lmpipe.train.optim import lr_at
 
@@ -231,13 +233,24 @@ def test_sigkill_after_checkpoint_then_restart_is_bit_identical(two_ranks, manif
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+    # the report's view: one continuous curve, and attempt 1 recorded by its missing end line
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")["train"]] == list(range(1, 9))
+    restarts = summarise(read_attempts(out / "attempts.jsonl"))
+    killed, resumed = restarts.attempts
+    assert killed.end is None and killed.start["resumed_step"] == 0
+    assert resumed.start == resumed.start | {"resumed_step": 4, "checkpoint": "step_000004"}
+    assert resumed.start["world_size"] == 2 and resumed.end["how"] == "finished"
+    assert resumed.end["step"] == 8
+    (restart,) = restarts.restarts
+    assert (restart.cause, restart.resumed_step, restart.at_least) == ("killed", 4, True)
+    assert restart.steps_redone == 0  # killed as its checkpoint appeared: nothing after it known
 
 
 @pytest.mark.slow
 def test_sigusr1_checkpoints_exits_nonzero_and_resumes(manifest, tmp_path):
     out = tmp_path / "signalled"
     cfg = config(2, max_steps=24, checkpoint_every=0, val_every=0)  # no periodic checkpoints
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", SLURM_JOB_ID="50")  # through torchrun to rank 0
     proc = subprocess.Popen(
         command(cfg, manifest, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
@@ -255,12 +268,18 @@ def test_sigusr1_checkpoints_exits_nonzero_and_resumes(manifest, tmp_path):
     assert 2 <= step < 24 and not (out / "final").exists()
 
     # the same settings: the restart resumes and finishes
+    env["SLURM_JOB_ID"] = "53"  # a retry is another job
     restart = subprocess.run(
         command(cfg, manifest, out), env=env, capture_output=True, text=True, timeout=600
     )
     assert restart.returncode == 0, restart.stderr
     assert f"resumed from {saved[0]}" in restart.stderr
     assert [m["step"] for m in metrics(out) if "loss" in m] == list(range(1, 25))
+    restarts = summarise(read_attempts(out / "attempts.jsonl"))
+    (r,) = restarts.restarts  # the launcher passes the signal on as SIGUSR1
+    assert (r.cause, r.why, r.reached, r.resumed_step) == ("signal", "SIGUSR1", step, step)
+    assert r.steps_redone == 0 and not r.at_least and 0 < r.lost_s < 600
+    assert restarts.job_ids == ["50", "53"] and restarts.last == "finished"
 
 
 @pytest.mark.slow
@@ -313,6 +332,10 @@ def test_nan_loss_stops_with_a_clear_error(manifest, tmp_path):
     assert "step 2: the training loss is nan" in proc.stderr
     assert "last good checkpoint is" in proc.stderr and "step_000001" in proc.stderr
     assert (out / "checkpoints" / "step_000001").is_dir()  # kept
+    start, saved, end = read_attempts(out / "attempts.jsonl")  # the record says how it ended
+    assert (start["event"], saved["event"], saved["step"]) == ("start", "checkpoint", 1)
+    assert end == end | {"event": "end", "step": 1, "how": "error"}  # the last step completed
+    assert end["error"].startswith("NonFiniteLossError: step 2: the training loss is nan")
     assert not (out / "checkpoints" / "step_000002").exists()
     assert not (out / "final").exists()
 
@@ -397,3 +420,6 @@ def test_fresh_start_moves_the_checkpoints_aside_and_trains_from_step_0(manifest
     (retired,) = (out / "checkpoints" / "retired").iterdir()
     assert sorted(p.name for p in retired.iterdir()) == before
     assert [m["step"] for m in metrics(out) if "loss" in m] == [1, 2, 3, 4]  # all trained again
+    restarts = summarise(read_attempts(out / "attempts.jsonl"))  # a new history, the old kept
+    assert restarts.earlier == 2 and len(restarts.attempts) == 1 and restarts.clean
+    assert restarts.attempts[0].start["fresh_start"] and restarts.last == "finished"

@@ -8,8 +8,9 @@ HellaSwag every `eval_every` steps (llm.c's in-training eval), a DCP checkpoint 
 `checkpoint_every` steps. A NaN/inf loss stops the run with an error;
 SIGUSR1/SIGTERM save a checkpoint and exit with EXIT_STOPPED, for a retry to resume.
 
-Writes under --out: `metrics.jsonl`, `tb/`, `provenance.json`, `checkpoints/step_NNNNNN/`
-(resumed automatically) and `final/` (the contract with `convert`).
+Writes under --out: `metrics.jsonl`, `attempts.jsonl` (each start and end: lmpipe.train.attempts),
+`tb/`, `provenance.json`, `checkpoints/step_NNNNNN/` (resumed automatically) and `final/` (the
+contract with `convert`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from lmpipe.data.prefetch import Prefetcher
 from lmpipe.eval.hellaswag import load_items
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops
 from lmpipe.models import build_model
+from lmpipe.train.attempts import AttemptLog, short_error
 from lmpipe.train.checkpoint import Checkpointer, save_final
 from lmpipe.train.hellaswag import hellaswag_correct, hellaswag_share
 from lmpipe.train.metrics import Metrics
@@ -85,6 +87,11 @@ class StopFlag:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.signal = signum
+
+    @property
+    def name(self) -> str | None:
+        """The signal's name ("SIGUSR1"), for the attempt's record."""
+        return None if self.signal is None else signal.Signals(self.signal).name
 
 
 def trajectory_hash(job: TrainJob, task: Task, world_size: int) -> str:
@@ -212,6 +219,7 @@ def run(
     # batches are read ahead on a thread (pinned for the GPU: asynchronous copies); its
     # position stays the loop's own, so checkpoints resume exactly
     loader = Prefetcher(task.loader, pin=d.device.type == "cuda")
+    attempt = AttemptLog(out, d.is_main)
     try:
         # resume from the newest checkpoint of these settings, if any
         ckpt = Checkpointer(
@@ -232,6 +240,7 @@ def run(
             eval_total = state.get("eval_s", 0.0)  # seconds of HellaSwag during training
             log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
         metrics = Metrics(out, step, d.is_main)
+        attempt.start(step, resume, d.world_size, digest, fresh_start)
         write_provenance(job, model, d, digest, peak, out)
         if d.is_main:
             log.info(
@@ -343,6 +352,7 @@ def run(
                     "wall_s": wall_s(),
                 }
             )
+            attempt.stepped(step)
             if d.is_main:  # llm.c's step line
                 print(
                     f"step {step:5d}/{tc.max_steps} | loss {loss_value:.6f} | lr {lr:.2e}"
@@ -367,12 +377,14 @@ def run(
                 blocking = stop_requested or step == tc.max_steps
                 path = ckpt.save(step, model, optimizer, state, blocking=blocking)
                 log.info("saved checkpoint %s" if blocking else "saving checkpoint %s", path)
+                attempt.saved(step)
             if stop_requested:
                 log.warning("stopping at step %d on a signal; a restart resumes from there", step)
                 # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
                 # Python resets its handlers to the default while finalizing, not ignored signals
                 signal.signal(signal.SIGUSR1, signal.SIG_IGN)
                 metrics.close()
+                attempt.end("signal", signal=stop.name)
                 return EXIT_STOPPED
 
         wall = wall_s()
@@ -392,8 +404,12 @@ def run(
         save_final(out / "final", model, meta)
         log.info("wrote %s after %d steps, %.1f s", out / "final", step, wall)
         metrics.close()
+        attempt.end("finished")
         return 0
 
+    except BaseException as e:  # an attempt killed outright writes nothing: that is its record
+        attempt.end("error", error=short_error(e))
+        raise
     finally:
         loader.close()  # stop the read-ahead thread, whatever ends the run
 
