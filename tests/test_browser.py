@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_report import render, settings, write_manifest, write_run
+from test_report import SURVIVOR, render, settings, write_manifest, write_run
+from test_restarts import write
 
 from lmpipe.paths import Layout
 
@@ -169,10 +170,12 @@ def open_in_chromium(html_file: Path, screenshot: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def report_file(tmp_path: Path) -> Path:
-    """A two-run report (one unfinished), with HellaSwag measured during training: 4 figures."""
+    """A two-run report (one unfinished, one with restarts), with HellaSwag measured during
+    training: 4 figures."""
     layout = Layout(results=str(tmp_path / "results"), data=str(tmp_path / "data"))
     write_manifest(layout)
     write_run(layout, "a", hellaswag_curve=True)
+    write(Path(layout.attempts("a")), SURVIVOR)
     write_run(layout, "b", loss0=8.0, finished=False)
     render(layout, {"a": settings(3e-3), "b": settings(1e-3)}, tmp_path)
     return tmp_path / "report.html"

@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from test_restarts import end, mark, start, write
 
 from lmpipe.paths import Layout
 from lmpipe.report import page as report
@@ -354,6 +355,54 @@ def test_resumed_steps_keep_the_later_line_and_tolerate_a_torn_tail(tmp_path: Pa
     path.write_text("\n".join(json.dumps(x) for x in lines) + '\n{"step": 2, "to')
     m = read_metrics(path)
     assert [r["loss"] for r in m["train"]] == [9.0, 7.5]
+
+
+# a run that survived a SLURM signal (job 50), a kill (job 53), and finished (job 57)
+SURVIVOR = [
+    start(1, 0, job="50"),
+    mark("checkpoint", 1, 100, 5),
+    mark("checkpoint", 1, 160, 8),  # the save on the signal
+    end(1, 161, 8, "signal", signal="SIGUSR1"),
+    start(2, 221, step=8, job="53"),  # 61 s lost
+    mark("checkpoint", 2, 300, 10),
+    mark("progress", 2, 370, 14),  # then killed: no end line
+    start(3, 400, step=10, job="57"),  # 100 s lost, 4 steps (at least) redone
+    end(3, 500, 20, "finished"),
+]
+
+
+def test_restarts_table_tells_what_each_run_survived(layout: Layout, tmp_path: Path) -> None:
+    for name in ("a", "b", "c"):
+        write_run(layout, name)
+    write(Path(layout.attempts("a")), SURVIVOR)
+    write(Path(layout.attempts("b")), [start(1, 0), end(1, 80, 20, "finished")])
+    # c trained before attempts.jsonl existed: no row
+    html = render(layout, {n: settings(3e-3) for n in "abc"}, tmp_path)
+    a = row_text(html, "restarts-a")
+    assert a.split()[:2] == ["a", "3"]  # three attempts, the last finished
+    assert "1 signal SIGUSR1, 1 killed" in a and "≥ 4" in a and "2.7 min" in a  # 161 s
+    assert "50, 53, 57" in a
+    assert "attempt 1: signal SIGUSR1 at step 8, resumed from 8: 0 step(s) redone, 61.0 s" in a
+    assert "attempt 2: killed at step 14+, resumed from 10: 4 step(s) redone, 100.0 s" in a
+    b = row_text(html, "restarts-b")
+    assert "none: one attempt, finished" in b and "not under SLURM" in b
+    assert 'id="restarts-c"' not in html
+    # no run with attempts.jsonl: no section
+    html = render(layout, {"c": settings(3e-3)}, tmp_path)
+    assert 'id="restarts-table"' not in html
+
+
+def test_a_resumed_run_is_one_curve(layout: Layout) -> None:
+    """Steps logged by a killed attempt and again after the resume (the trainer drops the first
+    lines on resume; the reader keeps the later anyway): one line a step, one curve."""
+    write_run(layout, "a")
+    path = Path(layout.metrics("a"))
+    again = [{"step": s, "tokens": s * 4096, "loss": 1.0, "wall_s": 0.0} for s in (10, 11, 12)]
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in again))
+    train = load_run(layout, "a", settings(3e-3)).train
+    assert [r["step"] for r in train] == list(range(20))
+    assert [r["loss"] for r in train[10:13]] == [1.0, 1.0, 1.0]
 
 
 def test_bad_metrics_line_names_file_and_line(tmp_path: Path) -> None:

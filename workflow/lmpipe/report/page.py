@@ -164,6 +164,43 @@ def plan_rows(runs: list[Run], headlines: list[dict[str, Any]], plan: dict[str, 
     return rows
 
 
+def restart_rows(runs: list[Run]) -> list[dict[str, Any]]:
+    """One row a run with attempts.jsonl: what it survived (lmpipe.report.restarts)."""
+    rows = []
+    for run in runs:
+        s = run.restarts
+        if s is None:
+            continue
+        ids = s.job_ids  # None: that attempt ran outside SLURM
+        job_ids = ", ".join(i or "—" for i in ids) if any(ids) else "— (not under SLURM)"
+        each = []
+        for r in s.restarts:
+            why = f" {r.why}" if r.why else ""
+            reached = f"{r.reached}{'+' if r.at_least else ''}"
+            lost = "time lost unknown" if r.lost_s is None else f"{fmt_duration(r.lost_s)} lost"
+            each.append(
+                f"attempt {r.after}: {r.cause}{why} at step {reached}, resumed from"
+                f" {r.resumed_step}: {r.steps_redone} step(s) redone, {lost}"
+            )
+        rows.append(
+            {
+                "name": run.name,
+                "attempts": len(s.attempts),
+                "clean": s.clean,
+                "last": s.last,
+                "causes": ", ".join(f"{n} {cause}" for cause, n in s.by_cause.items()),
+                "steps_redone": f"{'≥ ' if s.at_least else ''}{s.steps_redone:,}",
+                "lost_s": s.lost_s,
+                "lost_unknown": s.lost_unknown,
+                "job_ids": job_ids,
+                "each": each,
+                "reruns": s.reruns,
+                "earlier": s.earlier,
+            }
+        )
+    return rows
+
+
 def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
     """The HTML of the report described by `params` (report_params JSON), from `layout`'s files,
     with `plan` (lmpipe.plan.report_plan) beside the measured figures."""
@@ -207,6 +244,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         columns=headline_columns(runs),
         headlines=headlines,
         plan=plan_rows(runs, headlines, plan or {}),
+        restarts=restart_rows(runs),
         # the headline's references: those with a figure of its columns or a training budget
         references=[
             r

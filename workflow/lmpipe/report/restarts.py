@@ -94,6 +94,7 @@ class Attempt:
 class Restart:
     """An attempt that ended without finishing, and the one that took over."""
 
+    after: int  # the attempt that ended (its number in the file)
     cause: str  # signal, error, killed
     why: str | None  # SIGUSR1, NonFiniteLossError, ...
     reached: int  # the step the attempt that ended reached
@@ -200,6 +201,7 @@ def summarise(rows: list[dict[str, Any]]) -> Restarts | None:
         )
         restarts.append(
             Restart(
+                after=ended.start["attempt"],
                 cause=ended.how,
                 why=ended.why,
                 reached=ended.reached,

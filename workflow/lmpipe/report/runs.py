@@ -1,7 +1,8 @@
 """What the report knows about a run: the files the other stages wrote, read leniently.
 
-Only result files (never logs): `runs/{run}/train/metrics.jsonl`, `train/provenance.json`,
-`train/final/meta.json`, `runs/{run}/eval/*.json`, and the dataset's `tokens/manifest.json`.
+Only result files (never logs): `runs/{run}/train/metrics.jsonl`, `train/attempts.jsonl`,
+`train/provenance.json`, `train/final/meta.json`, `runs/{run}/eval/*.json`, and the dataset's
+`tokens/manifest.json`.
 A missing file is reported, not fatal: the run is "not finished", with what it has so far.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from lmpipe.paths import Layout
 from lmpipe.registry import EVALUATIONS, Column
+from lmpipe.report.restarts import Restarts, read_attempts, summarise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -75,6 +77,7 @@ class Run:
     meta: dict[str, Any] | None = None
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
+    restarts: Restarts | None = None  # None: no attempts.jsonl (not started, or trained before it)
     missing: list[str] = field(default_factory=list)
 
     @property
@@ -109,6 +112,7 @@ def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
     metrics = read_metrics(Path(layout.metrics(name)))
     run = Run(name, settings, metrics["train"], metrics["val"], metrics["hellaswag"])
     run.provenance = read_json(train_dir / "provenance.json")
+    run.restarts = summarise(read_attempts(Path(layout.attempts(name))))
     run.meta = read_json(Path(layout.final_checkpoint(name)) / "meta.json")
     if run.meta is None:
         run.missing.append("train/final/meta.json")
