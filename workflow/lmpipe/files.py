@@ -9,11 +9,13 @@ multi-rank version (lmpipe.train.checkpoint.atomic_folder); everything else uses
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 TMP_SUFFIX = ".tmp"
 
@@ -73,3 +75,22 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_json_lines(path: str | Path) -> tuple[list[tuple[int, Any]], tuple[int, str] | None]:
+    """A JSON-lines file's values with their line numbers, and its last line (number, text) if
+    that one is torn (else None). A kill mid-write (SIGKILL, a node lost) or a writer still at
+    it leaves a torn last line: left out. A broken line elsewhere is no kill's doing: an error
+    naming the file and line. Blank lines are skipped."""
+    lines = Path(path).read_text().splitlines()
+    values = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append((i, json.loads(line)))
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                return values, (i, line)
+            raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+    return values, None

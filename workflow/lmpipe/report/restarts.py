@@ -18,11 +18,12 @@ restart, i.e. an attempt followed by another:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from lmpipe.files import read_json_lines
 
 
 def read_attempts(path: Path) -> list[dict[str, Any]]:
@@ -30,19 +31,10 @@ def read_attempts(path: Path) -> list[dict[str, Any]]:
     still being written): skipped. A broken line elsewhere names the file and line."""
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
     rows = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                break
-            raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+    for i, row in read_json_lines(path)[0]:
         if not isinstance(row, dict) or "event" not in row or "time" not in row:
-            raise ValueError(f"{path}:{i}: expected an event and a time, got {line[:80]!r}")
+            raise ValueError(f"{path}:{i}: expected an event and a time, got {str(row)[:80]!r}")
         rows.append(row)
     return rows
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmpipe.files import read_json_lines
 from lmpipe.paths import Layout
 from lmpipe.registry import EVALUATIONS, Column
 from lmpipe.report.restarts import Restarts, read_attempts, summarise
@@ -41,18 +42,9 @@ def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
     kinds: dict[str, dict[int, dict[str, Any]]] = {"train": {}, "val": {}, "hellaswag": {}}
     if not path.exists():
         return {k: [] for k in kinds}
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                break  # a line still being written
-            raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
+    for i, row in read_json_lines(path)[0]:
         if not isinstance(row, dict) or "step" not in row:
-            raise ValueError(f"{path}:{i}: expected an object with a 'step', got {line[:80]!r}")
+            raise ValueError(f"{path}:{i}: expected an object with a 'step', got {str(row)[:80]!r}")
         if "val_loss" in row:
             kinds["val"][row["step"]] = row
         elif "hellaswag" in row:
@@ -60,7 +52,9 @@ def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
         elif "loss" in row:
             kinds["train"][row["step"]] = row
         else:
-            raise ValueError(f"{path}:{i}: neither a train, val nor hellaswag line: {line[:80]!r}")
+            raise ValueError(
+                f"{path}:{i}: neither a train, val nor hellaswag line: {str(row)[:80]!r}"
+            )
     return {k: [rows[s] for s in sorted(rows)] for k, rows in kinds.items()}
 
 

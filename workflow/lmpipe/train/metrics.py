@@ -15,33 +15,19 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from lmpipe.files import read_json_lines
 from lmpipe.paths import METRICS_FILE
 
 log = logging.getLogger("lmpipe.train")
 
 
 def lines_up_to(path: Path, step: int) -> list[str]:
-    """The lines of `path` whose step is at most `step`, for a resume to keep.
-
-    A run killed mid-write (SIGKILL, a node lost) leaves its last line torn: dropped with a
-    warning, its step is redone anyway. A broken line elsewhere is not a kill's doing: an error
-    naming the file and line.
-    """
-    lines = path.read_text().splitlines()
-    kept = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                log.warning("%s:%d: dropping a torn last line (%s): %.80r", path, i, e, line)
-                break
-            raise ValueError(f"{path}:{i}: not valid JSON ({e})") from None
-        if row["step"] <= step:
-            kept.append(line)
-    return kept
+    """The lines of `path` whose step is at most `step`, for a resume to keep. A torn last line
+    (a kill mid-write) is dropped with a warning: its step is redone anyway."""
+    rows, torn = read_json_lines(path)
+    if torn is not None:
+        log.warning("%s:%d: dropping a torn last line: %.80r", path, *torn)
+    return [json.dumps(row) for _, row in rows if row["step"] <= step]
 
 
 class Metrics:
