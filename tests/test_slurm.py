@@ -6,6 +6,11 @@ The trainer checkpoints and fails, Snakemake submits the job again, training res
 weights equal those of `embedded-a-ref` (the same settings, never interrupted). A second run trains
 on two SLURM nodes, one torchrun a node; a third shows the sbatch line of the 124M train job.
 
+The fault matrix (docs/faults.md): a two-node job preempted, a two-node job one of whose nodes
+dies (SIGKILL to all its processes there), and a run longer than its time limit, stopped by
+SLURM's own timer; each resumes in a new job, and the first two end with the uninterrupted
+`two-nodes` run's weights.
+
 Skipped with the reason where SLURM cannot be started (not root, packages not installable).
 """
 
@@ -19,7 +24,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -108,48 +115,65 @@ def finish(proc: subprocess.Popen, log_path: Path) -> str:
     return log_path.read_text()
 
 
-# ---- 1 + 2: the embedded report, every rule a SLURM job, one train job preempted ----------------
+def checkpoint_steps(workdir: Path, run: str) -> list[int]:
+    """The steps of a run's complete checkpoints (step_NNNNNN: written as .tmp, then renamed)."""
+    ckpts = workdir / f"results/runs/{run}/train/checkpoints"
+    names = [p.name for p in ckpts.glob("step_*")] if ckpts.is_dir() else []
+    return sorted(int(n[5:]) for n in names if re.fullmatch(r"step_\d+", n))
 
 
-@pytest.fixture(scope="module")
-def report_run(workdir):
-    """The embedded report through the profile; embedded-a's first train job gets SIGTERM."""
-    log_path = workdir / "snakemake-report.log"
-    targets = ["results/report_embedded.html", "results/runs/embedded-a-ref/train/final"]
+def newest_checkpoint(workdir: Path, run: str) -> dict[str, Any] | None:
+    """The newest complete checkpoint of a run: its step, what is broken in it (None: nothing)
+    and its train_state.json."""
+    from lmpipe.train.checkpoint import damage
+
+    steps = checkpoint_steps(workdir, run)
+    if not steps:
+        return None
+    path = workdir / f"results/runs/{run}/train/checkpoints/step_{steps[-1]:06d}"
+    state = json.loads((path / "train_state.json").read_text())
+    return {"step": steps[-1], "damage": damage(path), "state": state}
+
+
+def strike_mid_run(
+    workdir: Path, name: str, args: list[str], run: str, strike: Callable[[str], Any]
+) -> dict[str, Any]:
+    """Snakemake on `args`; once `run`'s train job is RUNNING and has written its first periodic
+    checkpoint, `strike(job_id)` (a signal, a kill). Returns Snakemake's exit code and log, the
+    struck job, what strike returned, the checkpoints at the strike and once the job had ended
+    (and what was wrong with the newest then, before a retry prunes it), and the seconds from
+    the strike to the job's end."""
+    log_path = workdir / f"snakemake-{name}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            snakemake_cmd("--jobs", "2", *targets),
-            cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    ckpts = workdir / "results/runs/embedded-a/train/checkpoints"
-
-    def steps() -> list[int]:
-        # complete checkpoints only: step_NNNNNN (written as step_NNNNNN.tmp, then renamed)
-        names = [p.name for p in ckpts.glob("step_*")] if ckpts.is_dir() else []
-        return sorted(int(n[5:]) for n in names if re.fullmatch(r"step_\d+", n))
-
-    signalled, at_signal, after_fail = None, None, None
+            snakemake_cmd(*args), cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT
+        )
+    comment = f"rule_train_wildcards_{run}"
+    struck, struck_at, at_strike, after_end, strike_result, ended_s = None, 0.0, [], [], None, None
+    newest = None
     try:
         deadline = time.monotonic() + TIMEOUT
-        while signalled is None and proc.poll() is None and time.monotonic() < deadline:
+        while struck is None and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
             text = log_path.read_text()
             # wait for the first periodic checkpoint: the train job is running, mid-way
-            if "SLURM run ID" not in text or not steps():
+            if "SLURM run ID" not in text or not checkpoint_steps(workdir, run):
                 continue
-            train = [
+            running = [
                 j for j in jobs_of(run_uuid_of(text))
-                if j["comment"] == "rule_train_wildcards_embedded-a" and j["state"] == "RUNNING"
+                if j["comment"] == comment and j["state"] == "RUNNING"
             ]  # fmt: skip
-            if train:
-                signalled, at_signal = train[0]["id"], steps()
-                # what slurmctld does at --signal=TERM@T: SIGTERM to every process of the job steps
-                subprocess.run(["scancel", "--signal=TERM", signalled], check=True)
-        while signalled and proc.poll() is None and time.monotonic() < deadline:
-            # the checkpoints the stopped job left (before its retry starts and adds more)
-            state = [j["state"] for j in jobs_of(run_uuid_of(text)) if j["id"] == signalled]
+            if running:
+                struck, struck_at = running[0]["id"], time.monotonic()
+                at_strike = checkpoint_steps(workdir, run)
+                strike_result = strike(struck)
+        while struck and proc.poll() is None and time.monotonic() < deadline:
+            # the checkpoints the struck job left (before its retry starts and adds more)
+            state = [j["state"] for j in jobs_of(run_uuid_of(text)) if j["id"] == struck]
             if state and state[0] not in ("RUNNING", "COMPLETING"):
-                after_fail = steps()
+                ended_s = time.monotonic() - struck_at
+                after_end = checkpoint_steps(workdir, run)
+                newest = newest_checkpoint(workdir, run)
                 break
             time.sleep(0.2)
     except BaseException:  # no stray Snakemake (and SLURM jobs) when the watching fails
@@ -160,10 +184,67 @@ def report_run(workdir):
     return {
         "rc": proc.returncode,
         "log": text,
-        "signalled": signalled,
-        "at_signal": at_signal,
-        "after_fail": after_fail,
+        "struck": struck,
+        "strike_result": strike_result,
+        "at_strike": at_strike,
+        "after_end": after_end,
+        "newest_at_end": newest,
+        "ended_s": ended_s,
     }
+
+
+def preempt(job_id: str) -> None:
+    """What slurmctld does at --signal=TERM@T, and on preemption: SIGTERM to every process of
+    the job's steps (not the batch shell)."""
+    subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
+
+
+def train_jobs(log: str, run: str) -> list[dict[str, str]]:
+    return [j for j in jobs_of(run_uuid_of(log)) if j["comment"] == f"rule_train_wildcards_{run}"]
+
+
+def final_weights(workdir: Path, run: str) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+
+    from lmpipe.models.gpt2.model import GPT, GPTConfig
+
+    meta = json.loads((workdir / f"results/runs/{run}/train/final/meta.json").read_text())
+    sd = GPT(GPTConfig(**meta["model"])).state_dict()
+    dcp.load({"model": sd}, checkpoint_id=str(workdir / f"results/runs/{run}/train/final"))
+    return sd
+
+
+def assert_same_weights(workdir: Path, run: str, reference: str) -> None:
+    import torch
+
+    got, want = final_weights(workdir, run), final_weights(workdir, reference)
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), f"{name} of {run} differs from {reference}'s"
+
+
+def restarts_of(workdir: Path, run: str) -> Any:
+    """What the trainer recorded of a run's attempts (train/attempts.jsonl), summarised."""
+    from lmpipe.report.restarts import read_attempts, summarise
+
+    return summarise(read_attempts(workdir / f"results/runs/{run}/train/attempts.jsonl"))
+
+
+def resumed_step(workdir: Path, run: str) -> int | None:
+    """The step the last attempt of `run` resumed from, as its train log says."""
+    train_log = (workdir / f"results/logs/train/{run}.log").read_text()
+    resumed = re.findall(r"resumed from \S+step_(\d+)", train_log)
+    return int(resumed[-1]) if resumed else None
+
+
+# ---- 1 + 2: the embedded report, every rule a SLURM job, one train job preempted ----------------
+
+
+@pytest.fixture(scope="module")
+def report_run(workdir):
+    """The embedded report through the profile; embedded-a's first train job gets SIGTERM."""
+    targets = ["results/report_embedded.html", "results/runs/embedded-a-ref/train/final"]
+    return strike_mid_run(workdir, "report", ["--jobs", "2", *targets], "embedded-a", preempt)
 
 
 def test_embedded_report_built_with_every_rule_a_slurm_job(workdir, report_run):
@@ -183,40 +264,20 @@ def test_embedded_report_built_with_every_rule_a_slurm_job(workdir, report_run):
 
 
 def test_preempted_train_job_resumes_to_the_same_weights(workdir, report_run):
-    assert report_run["signalled"], "the train job of embedded-a was never seen running"
-    jobs = [
-        j for j in jobs_of(run_uuid_of(report_run["log"]))
-        if j["comment"] == "rule_train_wildcards_embedded-a"
-    ]  # fmt: skip
+    assert report_run["struck"], "the train job of embedded-a was never seen running"
+    jobs = train_jobs(report_run["log"], "embedded-a")
     # the signalled job failed; Snakemake's retry ran as a new SLURM job and completed
     assert [j["state"] for j in jobs] == ["FAILED", "COMPLETED"], jobs
-    assert jobs[0]["id"] == report_run["signalled"]
+    assert jobs[0]["id"] == report_run["struck"]
     # the stopped job saved a checkpoint of its own, between two periodic ones, and the retry
     # resumed from it
     every = OVERLAY_RUNS["embedded-a"]["train"]["checkpoint_every"]
-    before, after = report_run["at_signal"], report_run["after_fail"]
+    before, after = report_run["at_strike"], report_run["after_end"]
     assert after and after[-1] > before[-1] and after[-1] % every, (before, after)
-    train_log = (workdir / "results/logs/train/embedded-a.log").read_text()
-    resumed = re.search(r"resumed from \S+step_(\d+)", train_log)
-    assert resumed and int(resumed.group(1)) == after[-1], train_log[-3000:]
+    assert resumed_step(workdir, "embedded-a") == after[-1]
     final = json.loads((workdir / "results/runs/embedded-a/train/final/meta.json").read_text())
     assert final["step"] == OVERLAY_RUNS["embedded-a"]["train"]["max_steps"]
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    from lmpipe.models.gpt2.model import GPT, GPTConfig
-
-    def final_weights(run: str) -> dict[str, torch.Tensor]:
-        meta = json.loads((workdir / f"results/runs/{run}/train/final/meta.json").read_text())
-        sd = GPT(GPTConfig(**meta["model"])).state_dict()
-        dcp.load({"model": sd}, checkpoint_id=str(workdir / f"results/runs/{run}/train/final"))
-        return sd
-
-    resumed_sd, reference = final_weights("embedded-a"), final_weights("embedded-a-ref")
-    assert resumed_sd.keys() == reference.keys()
-    for name, tensor in reference.items():
-        assert torch.equal(resumed_sd[name], tensor), f"{name} differs after the resume"
+    assert_same_weights(workdir, "embedded-a", "embedded-a-ref")
 
 
 # ---- 3: two nodes -----------------------------------------------------------------------------
@@ -247,6 +308,134 @@ def test_train_on_two_slurm_nodes_one_torchrun_each(workdir):
     meta = json.loads((workdir / "results/runs/two-nodes/train/final/meta.json").read_text())
     assert meta["world_size"] == 4
     assert meta["step"] == OVERLAY_RUNS["two-nodes"]["train"]["max_steps"]
+
+
+# ---- faults of a two-node job: preemption, a node dying (two-nodes above is the reference) ----
+
+
+def job_processes(job_id: str, node: str | None = None) -> list[Any]:
+    """This machine's processes of a SLURM job's steps (by the SLURM_JOB_ID they carry), those
+    on one node (their SLURMD_NODENAME) or on every node."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            environ = proc.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if environ.get("SLURM_JOB_ID") == job_id and node in (None, environ.get("SLURMD_NODENAME")):
+            found.append(proc)
+    return found
+
+
+def kill_node(job_id: str, node: str = "n2") -> list[str]:
+    """What a node's death does to the job's processes there: SIGKILL to all of them at once (the
+    node agent, its torchrun and the workers). n2: not the node the batch script runs on."""
+    procs = job_processes(job_id, node)
+    names = [" ".join(p.cmdline()[:4]) for p in procs]
+    for proc in procs:
+        proc.kill()
+    return names
+
+
+def test_a_preempted_two_node_job_saves_on_every_rank_and_resumes(workdir):
+    run, every = "two-nodes-preempted", OVERLAY_RUNS["two-nodes"]["train"]["checkpoint_every"]
+    got = strike_mid_run(workdir, "preempt-two-nodes", [f"results/runs/{run}/train/final"], run,
+                         preempt)  # fmt: skip
+    assert got["rc"] == 0, got["log"][-6000:]
+    assert [j["state"] for j in train_jobs(got["log"], run)] == ["FAILED", "COMPLETED"]
+    # one checkpoint on the signal, complete: all four ranks' shards and RNG files
+    before, after, saved = got["at_strike"], got["after_end"], got["newest_at_end"]
+    assert after and after[-1] > before[-1] and after[-1] % every, (before, after)
+    assert saved["damage"] is None and saved["state"]["world_size"] == 4, saved
+    assert resumed_step(workdir, run) == after[-1]
+    assert_same_weights(workdir, run, "two-nodes")
+    # the trainer's record: a restart on the signal (SLURM's SIGTERM, or the node agent's
+    # SIGUSR1 that forwards it, whichever reached rank 0 last), no step redone, the two job ids
+    (restart,) = restarts_of(workdir, run).restarts
+    assert restart.cause == "signal" and restart.why in ("SIGTERM", "SIGUSR1"), restart
+    assert restart.steps_redone == 0 and restart.resumed_step == after[-1]
+    assert restarts_of(workdir, run).job_ids == [j["id"] for j in train_jobs(got["log"], run)]
+
+
+NODE_DEATH_BOUND_S = 60  # the other node's ranks end within this after the kill
+
+
+def test_a_node_dying_ends_the_job_and_the_retry_resumes(workdir):
+    run, every = "two-nodes-node-dies", OVERLAY_RUNS["two-nodes"]["train"]["checkpoint_every"]
+    got = strike_mid_run(workdir, "node-dies", [f"results/runs/{run}/train/final"], run, kill_node)
+    assert got["rc"] == 0, got["log"][-6000:]
+    assert got["strike_result"], "no process of the train job found on n2"
+    # n1's ranks did not hang on their dead peers: the job ended soon after, and failed
+    assert got["ended_s"] is not None and got["ended_s"] < NODE_DEATH_BOUND_S, got["ended_s"]
+    assert [j["state"] for j in train_jobs(got["log"], run)] == ["FAILED", "COMPLETED"]
+    assert not job_processes(got["struck"]), "processes of the killed job are left"
+    # nothing saved after the death: the retry resumed from the last periodic checkpoint
+    last = got["after_end"][-1]
+    assert last % every == 0 and resumed_step(workdir, run) == last, got["after_end"]
+    assert_same_weights(workdir, run, "two-nodes")
+    # rank 0 was killed with its node (no end line) or raised on its dead peers (an error)
+    (restart,) = restarts_of(workdir, run).restarts
+    assert restart.cause in ("killed", "error") and restart.resumed_step == last, restart
+
+
+# ---- the time limit itself: SLURM's timer signals, no hand-sent signal --------------------------
+
+
+def test_a_run_longer_than_its_time_limit_finishes_across_jobs(workdir):
+    """SLURM's own timer stops the first job (--signal=TERM@60 in a 2-minute job: 30-60 s in,
+    slurmctld checks every 30 s); it saves and fails, and the retry resumes from that checkpoint.
+    Once the first job has ended, the test lifts the retry's limit (scontrol), so the run ends
+    in two jobs however fast this machine trains. No signal is sent by hand."""
+    run = "time-limit"
+    log_path = workdir / "snakemake-time-limit.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            snakemake_cmd(f"results/runs/{run}/train/final"),
+            cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    lifted: set[str] = set()
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+            text = log_path.read_text()
+            jobs = train_jobs(text, run) if "SLURM run ID" in text else []
+            if jobs and jobs[0]["state"] not in ("PENDING", "RUNNING", "COMPLETING"):
+                for job in jobs[1:]:
+                    if job["id"] not in lifted:
+                        lifted.add(job["id"])
+                        subprocess.run(
+                            ["scontrol", "update", f"JobId={job['id']}", "TimeLimit=30"], check=True
+                        )
+    except BaseException:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        raise
+    text = finish(proc, log_path)
+    assert proc.returncode == 0, text[-6000:]
+    jobs = train_jobs(text, run)
+    assert [j["state"] for j in jobs] == ["FAILED", "COMPLETED"], jobs
+    # the first job ended by itself before its limit, after saving (not TIMEOUT, not killed)
+    record = (STATE / "jobcomp.txt").read_text()
+    first = re.search(rf"JobId={jobs[0]['id']} .*?StartTime=(\S+) EndTime=(\S+)", record)
+    start, end = (time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S")) for t in first.groups())
+    limit_s = 60 * OVERLAY_RUNS[run]["launch"]["runtime"]
+    assert end - start < limit_s, (first.group(0), limit_s)
+    # the retry resumed from the checkpoint saved on SLURM's SIGTERM, between two periodic ones
+    every = OVERLAY_RUNS[run]["train"]["checkpoint_every"]
+    resumed = resumed_step(workdir, run)
+    assert resumed and resumed % every, resumed
+    meta = json.loads((workdir / f"results/runs/{run}/train/final/meta.json").read_text())
+    assert meta["step"] == OVERLAY_RUNS[run]["train"]["max_steps"]
+    # the trainer's record: the first attempt ended on the signal (SLURM's SIGTERM, or the
+    # launcher's SIGUSR1 that forwards it, whichever reached rank 0 last), nothing redone
+    restarts = restarts_of(workdir, run)
+    (restart,) = restarts.restarts
+    assert (restart.cause, restart.steps_redone) == ("signal", 0), restart
+    assert restart.why in ("SIGTERM", "SIGUSR1"), restart
+    assert restarts.job_ids == [j["id"] for j in jobs]
 
 
 # ---- 4: the sbatch line of the 124M train job ----------------------------------------------------
