@@ -43,7 +43,8 @@ def planned(workdir: Path, config: dict, targets: list[str]) -> set[tuple[str, s
     """(rule, wildcards) of every job a dry run of `targets` plans under `config`."""
     path = workdir / f"changed_{len(list(workdir.glob('changed_*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    out = snakemake(workdir, "-n", "--configfile", str(path), *targets).stdout
+    # the targets first: --configfile takes every argument after it
+    out = snakemake(workdir, *targets, "-n", "--configfile", str(path)).stdout
     jobs = set()
     for rule, details in re.findall(r"^(?:local)?rule (\w+):\n((?:[ \t]+.*\n?)*)", out, re.M):
         wc = re.search(r"^\s*wildcards: (.*)$", details, re.M)
