@@ -176,8 +176,9 @@ def sweep_params(ladder: bool = True) -> dict:
         params["sweep"]["ladder"] = {
             "tokens_per_param": 20,
             "params": {n: int(size[n]) for n in names},
-            "compute": {n: 120 * size[n] ** 2 for n in names},
-            "presets": [{"run": "124m", "compute": 8e18, "reference": "llm.c GPT-2 124M"}],
+            # ints, as lmpipe.sweeps computes them (the presets' past int64)
+            "compute": {n: int(120 * size[n] ** 2) for n in names},
+            "presets": [{"run": "350m", "compute": 7 * 10**19, "reference": "llm.c GPT-2 350M"}],
         }
     return params
 
@@ -202,6 +203,6 @@ def test_sweep_report_marks_the_best_leaves_unfinished_points_out_and_fits(tmp_p
     assert fit_rows == ["s/lr=1e-3_model=m0", "s/lr=1e-3_model=m1", "s/lr=1e-3_model=m2"]
     assert re.search(r'id="exponent">0\.250<', html), "the fitted exponent"
     assert "residuals are zero by construction" in html
-    assert 'id="presets-table"' in html and "3.28" in html  # llm.c's 124M beside the fit
+    assert 'id="presets-table"' in html and "2.93" in html  # llm.c's 350M beside the fit
     assert html.count("<img ") == 4  # one a swept key, the ladder, the curves
     assert "<script" not in html and "http" not in html.split("</style>")[1]

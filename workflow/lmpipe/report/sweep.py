@@ -182,7 +182,8 @@ def ladder_figure(fit: Fit | None, points: list[dict[str, Any]], marks: list[dic
                     xytext=(4, 4), textcoords="offset points")  # fmt: skip
     if fit is not None:
         hi = max([p["compute"] for p in points] + [m["compute"] for m in marks])
-        xs = np.geomspace(min(p["compute"] for p in points), hi, 200)
+        # float: FLOPs in the params are ints, past int64 for the presets
+        xs = np.geomspace(float(min(p["compute"] for p in points)), float(hi), 200)
         ax.plot(xs, fit.loss(xs), "-", color="C1",
                 label=f"fit: L = {fit.a:.3g}·C^-{fit.b:.3f} + {fit.e:.3f}")  # fmt: skip
         for m in marks:
