@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo sweep-demo test test-fast lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,12 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES)
 	@echo "report: $$(pwd)/results/report_embedded.html"
+
+## the embedded sweep: an lr sweep and a 3-size ladder of tiny models (config `sweeps.embedded`),
+## one report comparing them with a fitted power law
+sweep-demo: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_sweep-embedded.html
+	@echo "report: $$(pwd)/results/report_sweep-embedded.html"
 
 ## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available)
 test: setup

@@ -22,6 +22,10 @@ def chat_run(c: dict) -> dict:
     return c["runs"][CHAT]
 
 
+def sweep(c: dict) -> dict:
+    return c["sweeps"]["embedded"]  # the shipped sweep: base embedded-sweep, 5 points, a ladder
+
+
 def second_chat_dataset(c: dict) -> None:
     """A second conversations dataset, and a second fine-tuning of embedded-a on it."""
     c["datasets"]["vicuna-2"] = copy.deepcopy(c["datasets"]["vicuna-dummy"])
@@ -105,6 +109,66 @@ CASES = {
     "hf_base_unknown_dataset": (
         lambda c: chat_run(c).update(base={"hf": "some/folder", "dataset": "embeded"}),
         f"runs.{CHAT}.base.dataset: unknown dataset 'embeded' (did you mean 'embedded'?)",
+    ),
+    # lmpipe/sweeps.py: a sweep is refused before any job, naming the sweep and the key
+    "sweep_unknown_key": (
+        lambda c: sweep(c)["points"][0].update({"train.optimizer.lrr": 1.0e-3}),
+        "sweeps.embedded.points[0]: unknown key 'train.optimizer.lrr': run 'embedded-sweep' has"
+        " no such setting (did you mean 'train.optimizer.lr'?)",
+    ),
+    "sweep_grid_unknown_key": (
+        lambda c: sweep(c).pop("points") and sweep(c).update(grid={"train.max_step": [10, 20]}),
+        "sweeps.embedded.grid: unknown key 'train.max_step': run 'embedded-sweep' has no such"
+        " setting (did you mean 'train.max_steps'?)",
+    ),
+    "sweep_value_of_the_wrong_type": (
+        lambda c: sweep(c)["points"][1].update({"train.optimizer.lr": "3e-3"}),
+        "sweeps.embedded.points[1]: train.optimizer.lr = '3e-3' is a string, not a number like"
+        " run 'embedded-sweep''s 0.003 (YAML reads 3e-3 as a string: write 3.0e-3)",
+    ),
+    "sweep_bool_for_a_number": (
+        lambda c: sweep(c)["points"][0].update({"train.seq_len": True}),
+        "sweeps.embedded.points[0]: train.seq_len = True is a boolean, not an integer",
+    ),
+    "sweep_unknown_model": (
+        lambda c: sweep(c)["points"][3].update(model="tiny-m"),
+        "sweeps.embedded.points[3]: model 'tiny-m' is not in `models:` (did you mean",
+    ),
+    "sweep_unknown_base": (
+        lambda c: sweep(c).update(base="embedded-swep"),
+        "sweeps.embedded.base: unknown run 'embedded-swep' (did you mean 'embedded-sweep'?)",
+    ),
+    "sweep_grid_and_points": (
+        lambda c: sweep(c).update(grid={"train.seed": [1, 2]}),
+        "sweeps.embedded: give exactly one of `grid` or `points`",
+    ),
+    "sweep_ladder_sweeps_max_steps": (
+        lambda c: sweep(c)["points"][0].update({"train.max_steps": 5}),
+        "sweeps.embedded: train.max_steps is set by tokens_per_param; do not sweep it",
+    ),
+    "sweep_ladder_of_fine_tuning": (
+        lambda c: sweep(c).update(base=CHAT),
+        "sweeps.embedded.tokens_per_param: a fine-tuning run's steps follow its epochs",
+    ),
+    "sweep_named_like_a_run": (
+        lambda c: c["sweeps"].update({"embedded-a": c["sweeps"].pop("embedded")}),
+        "sweeps.embedded-a: 'embedded-a' is also a run",
+    ),
+    "sweep_value_unsafe_in_a_name": (
+        lambda c: (
+            c["models"].update({"tiny s": c["models"]["tiny"]})
+            or sweep(c)["points"][3].update(model="tiny s")
+        ),
+        "sweeps.embedded.points[3]: model = 'tiny s' cannot name a point",
+    ),
+    "sweep_two_points_one_name": (
+        lambda c: sweep(c)["points"][1].update({"train.optimizer.lr": 1.0e-3}),
+        "sweeps.embedded.points[1]: two points are both named 'embedded/lr=1e-3_model=tiny'",
+    ),
+    "sweep_point_invalid_as_a_run": (
+        lambda c: sweep(c)["points"][0].update({"train.seq_len": 256}),
+        "runs.embedded/lr=1e-3_model=tiny_seq_len=256.train.seq_len 256 exceeds the model's"
+        " block_size 128",
     ),
     # explain()'s generic line through Snakemake's validate (an enum, a required key)
     "schema_enum": (

@@ -21,6 +21,7 @@ GROUND = {
     "hardware",
     "plan",
     "throughputs",
+    "sweeps",
 }
 # what each stage may import besides the ground: the stages whose work it consumes
 MAY_IMPORT = {

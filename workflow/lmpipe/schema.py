@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
+from lmpipe import sweeps
 from lmpipe.config import (
     ConfigError,
     did_you_mean,
@@ -122,7 +123,14 @@ def _schema_error(exc: BaseException) -> Any | None:
 
 
 def validate(config: dict[str, Any]) -> None:
-    """Validate `config` in place (defaults filled in); a ConfigError names the first problem."""
+    """Validate `config` in place (defaults filled in), then expand its sweeps into runs and
+    validate those as runs (lmpipe.sweeps); a ConfigError names the first problem."""
+    _validate(config)
+    if sweeps.expand(config):
+        _validate(config)  # the points are runs: every check a run gets
+
+
+def _validate(config: dict[str, Any]) -> None:
     from snakemake.utils import validate as snakemake_validate
 
     try:

@@ -3,6 +3,7 @@
 # (lmpipe.config, lmpipe.registry), covered by pytest.
 
 import os
+import re
 import shlex
 import sys
 
@@ -18,19 +19,27 @@ shell.prefix(
 from lmpipe import config as lmconfig
 from lmpipe import plan as lmplan
 from lmpipe import schema as lmschema
+from lmpipe import sweeps as lmsweeps
 from lmpipe.registry import ARCHITECTURES, EVALUATIONS
 
 # Snakemake's validate() against workflow/schemas/, then the registry's sections and the
-# cross-field checks; an error is one line naming the YAML path (lmpipe.schema.validate).
+# cross-field checks; an error is one line naming the YAML path (lmpipe.schema.validate). The
+# sweeps are expanded into ordinary runs (and their reports sweep-<name>) here, before any rule
+# reads `runs:`: a point is trained, cached and submitted like any run (lmpipe.sweeps).
 lmschema.validate(config)
 LAYOUT = lmconfig.layout(config)
 
 
+def one_of(names):
+    """A wildcard's constraint: exactly one of `names` (a sweep's point names hold . / = +)."""
+    return "|".join(re.escape(n) for n in names) or "^$"
+
+
 wildcard_constraints:
-    dataset="|".join(config["datasets"]) or "^$",
-    run="|".join(config["runs"]) or "^$",
-    report="|".join(config["reports"]) or "^$",
-    eval="|".join(EVALUATIONS),
+    dataset=one_of(config["datasets"]),
+    run=one_of(config["runs"]),
+    report=one_of(config["reports"]),
+    eval=one_of(EVALUATIONS),
 
 
 def get_run(wildcards):
@@ -76,7 +85,7 @@ def exports_llmc(run):
 
 
 # runs whose architecture llm.c's format holds (GPT-2): they get model/llmc.bin too
-LLMC_RUNS = "|".join(r for r in config["runs"] if exports_llmc(r)) or "^$"
+LLMC_RUNS = one_of(r for r in config["runs"] if exports_llmc(r))
 
 
 def get_report_inputs(wildcards):

@@ -16,7 +16,8 @@ rule report:
     conda:
         "../../envs/report.yaml"
     params:
-        cfg=lambda wc: lmconfig.report_params(config, wc.report),
+        # a sweep's report also gets its points' swept values (and a ladder's compute)
+        cfg=lambda wc: lmsweeps.report_params(config, wc.report),
         plan=lambda wc: lmplan.report_plan(config, wc.report),
         results=lambda wc, output: os.path.dirname(output[0]) or ".",
         data=LAYOUT.data,

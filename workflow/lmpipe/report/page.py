@@ -37,6 +37,7 @@ from lmpipe.report.runs import (
     load_run,
     produced_by,
 )
+from lmpipe.report.sweep import fmt_sci, sweep_context
 
 # report_params keys that describe a run rather than set it: not rows of the settings table
 NOT_SETTINGS = ("run", "evaluations", "chat_dataset")
@@ -201,15 +202,8 @@ def restart_rows(runs: list[Run]) -> list[dict[str, Any]]:
     return rows
 
 
-def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
-    """The HTML of the report described by `params` (report_params JSON), from `layout`'s files,
-    with `plan` (lmpipe.plan.report_plan) beside the measured figures."""
-    for key in ("report", "runs"):
-        if key not in params:
-            raise ValueError(f"--config-json: missing key {key!r} (expected report_params JSON)")
-    price = float(params.get("gpu_hour_price", 0.0))
-    order = params.get("order", list(params["runs"]))
-    runs = [load_run(layout, name, params["runs"][name]) for name in order]
+def environment() -> jinja2.Environment:
+    """The templates of workflow/report/ with the report's number formats as filters."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(REPORT_TEMPLATES),
         autoescape=True,
@@ -223,8 +217,30 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         "metric": fmt_metric,
         "tokens": fmt_tokens,
         "duration": fmt_duration,
+        "sci": fmt_sci,
         "produced_by": produced_by,
     }
+    return env
+
+
+def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
+    """The HTML of the report described by `params` (report_params JSON), from `layout`'s files,
+    with `plan` (lmpipe.plan.report_plan) beside the measured figures."""
+    for key in ("report", "runs"):
+        if key not in params:
+            raise ValueError(f"--config-json: missing key {key!r} (expected report_params JSON)")
+    price = float(params.get("gpu_hour_price", 0.0))
+    order = params.get("order", list(params["runs"]))
+    runs = [load_run(layout, name, params["runs"][name]) for name in order]
+    env = environment()
+    generated = datetime.now(UTC).isoformat(timespec="seconds")
+    if "sweep" in params:  # a sweep's report (lmpipe.sweeps): its points by what they sweep
+        return env.get_template("sweep.html.j2").render(
+            generated=generated,
+            runs=runs,
+            headlines=[headline(r, price) for r in runs],
+            **sweep_context(params, runs),
+        )
     figures = {
         "loss": loss_figure(runs),
         "lr": lr_figure(runs),
@@ -238,7 +254,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
     headlines = [headline(r, price) for r in runs]
     return env.get_template("report.html.j2").render(
         report=params["report"],
-        generated=datetime.now(UTC).isoformat(timespec="seconds"),
+        generated=generated,
         gpu_hour_price=price,
         runs=runs,
         columns=headline_columns(runs),

@@ -17,6 +17,7 @@ from typing import Any
 from lmpipe import config as lmconfig
 from lmpipe import plan as lmplan
 from lmpipe import schema
+from lmpipe import sweeps as lmsweeps
 from lmpipe.paths import Layout
 from lmpipe.report.page import write_report
 
@@ -29,7 +30,7 @@ def params_from_config(
     if report not in config["reports"]:
         known = ", ".join(config["reports"])
         raise ValueError(f"{config_path}: no report {report!r} (reports: {known})")
-    params = json.loads(lmconfig.report_params(config, report))
+    params = json.loads(lmsweeps.report_params(config, report))
     return params, lmconfig.layout(config), json.loads(lmplan.report_plan(config, report))
 
 

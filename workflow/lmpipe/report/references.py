@@ -52,6 +52,11 @@ REFERENCES: tuple[Reference, ...] = (
         step_s=0.300,
     ),
     Reference(
+        name="llm.c GPT-2 350M",
+        source="llm.c's GPT-2 350M reproduction on FineWeb (the figure lmpipe's issue #15 cites)",
+        figures={"val_loss": 2.93},
+    ),
+    Reference(
         name="OpenAI GPT-2 124M",
         source="OpenAI checkpoint, evaluated with llm.c's scoring; LAMBADA: the GPT-2 paper "
         "(Radford et al. 2019, Table 3, the model it calls 117M)",

@@ -1,0 +1,208 @@
+"""Sweeps (lmpipe.sweeps): expansion into ordinary runs, their names, a size ladder's steps, the
+sweep report's params; and the sweep report (lmpipe.report.sweep) on synthetic point folders."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+
+import pytest
+import yaml
+from test_report import settings, write_run
+
+from conftest import CONFIG_FILE
+from lmpipe import config as lmconfig
+from lmpipe import plan, schema, sweeps
+from lmpipe.paths import Layout
+from lmpipe.report import page
+from lmpipe.report.sweep import fit_power_law
+
+SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
+
+
+@pytest.fixture
+def cfg() -> dict:
+    """The shipped config with a grid sweep of embedded-a added: lr x model."""
+    c = copy.deepcopy(SHIPPED)
+    c["models"]["tiny2"] = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 128}
+    c["sweeps"]["lr"] = {
+        "base": "embedded-a",
+        "grid": {"train.optimizer.lr": [1.0e-3, 3.0e-3], "model": ["tiny", "tiny2"]},
+    }
+    return c
+
+
+def test_a_grid_expands_into_every_combination_named_by_its_values(cfg):
+    schema.validate(cfg)
+    points = cfg["reports"]["sweep-lr"]["runs"]
+    assert points == [
+        "lr/lr=1e-3_model=tiny",
+        "lr/lr=1e-3_model=tiny2",
+        "lr/lr=3e-3_model=tiny",
+        "lr/lr=3e-3_model=tiny2",
+    ]
+    run = cfg["runs"]["lr/lr=3e-3_model=tiny2"]
+    assert run["train"]["optimizer"]["lr"] == 3.0e-3 and run["model"] == "tiny2"
+    # everything else is the base's, defaults filled in: an ordinary run
+    base = cfg["runs"]["embedded-a"]
+    assert run["train"]["max_steps"] == base["train"]["max_steps"]
+    assert run["eval"] == base["eval"] and run["launch"] == base["launch"]
+    assert lmconfig.run_config(cfg, "lr/lr=3e-3_model=tiny2").model.n_layer == 2
+
+
+def test_a_points_name_depends_only_on_its_own_values(cfg):
+    """Adding a value leaves every existing point's name, and its train params, as they were."""
+    schema.validate(cfg)
+    before = {r: lmconfig.train_params(cfg, r) for r in cfg["reports"]["sweep-lr"]["runs"]}
+    more = copy.deepcopy(SHIPPED)
+    more["models"]["tiny2"] = cfg["models"]["tiny2"]
+    more["sweeps"]["lr"] = copy.deepcopy(cfg["sweeps"]["lr"])
+    more["sweeps"]["lr"]["grid"]["train.optimizer.lr"].insert(1, 2.0e-3)
+    schema.validate(more)
+    after = {r: lmconfig.train_params(more, r) for r in more["reports"]["sweep-lr"]["runs"]}
+    assert set(after) - set(before) == {"lr/lr=2e-3_model=tiny", "lr/lr=2e-3_model=tiny2"}
+    assert all(after[r] == before[r] for r in before)
+
+
+def test_expanding_again_gives_the_same_config(cfg):
+    """A config that holds its own expanded points (a validated config dumped and read back as
+    --configfile) expands to the same runs: the points are replaced, not refused."""
+    schema.validate(cfg)
+    again = copy.deepcopy(cfg)
+    schema.validate(again)
+    assert again == cfg
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [(6.0e-4, "6e-4"), (1.2e-3, "1.2e-3"), (3.0e-3, "3e-3"), (0.5, "0.5"), (0.0, "0"),
+     (12, "12"), (True, "true"), ("d12", "d12"), ([0.9, 0.95], "0.9+0.95"), (2.0e5, "2e5")],
+)  # fmt: skip
+def test_values_as_names(value, text):
+    assert sweeps.format_value(value) == text
+
+
+def test_keys_that_share_a_last_part_are_named_in_full():
+    short = sweeps.short_keys(["train.optimizer.lr", "train.seq_len", "eval.val_loss.tokens",
+                               "eval.samples.tokens"])  # fmt: skip
+    assert short == {
+        "train.optimizer.lr": "lr",
+        "train.seq_len": "seq_len",
+        "eval.val_loss.tokens": "eval.val_loss.tokens",
+        "eval.samples.tokens": "eval.samples.tokens",
+    }
+
+
+def test_a_ladder_trains_tokens_proportional_to_parameters():
+    """The shipped ladder: max_steps = ceil(tokens_per_param * N / batch_tokens), N from the
+    registry's count of each point's model."""
+    c = schema.load_config(CONFIG_FILE)
+    sweep = c["sweeps"]["embedded"]
+    for run in c["reports"]["sweep-embedded"]["runs"]:
+        rc = lmconfig.run_config(c, run)
+        n = plan.num_params(rc.model)
+        steps = math.ceil(sweep["tokens_per_param"] * n / rc.train.batch_tokens)
+        assert rc.train.max_steps == steps, run
+        tokens = rc.train.max_steps * rc.train.batch_tokens
+        assert 0 <= tokens - sweep["tokens_per_param"] * n < rc.train.batch_tokens
+    steps = {r: c["runs"][r]["train"]["max_steps"] for r in c["reports"]["sweep-embedded"]["runs"]}
+    assert steps["embedded/lr=3e-3_model=tiny-s"] < steps["embedded/lr=3e-3_model=tiny"]
+    assert steps["embedded/lr=3e-3_model=tiny"] < steps["embedded/lr=3e-3_model=tiny-l"]
+
+
+def test_sweep_report_params_hold_the_values_and_the_ladders_compute():
+    c = schema.load_config(CONFIG_FILE)
+    params = json.loads(sweeps.report_params(c, "sweep-embedded"))
+    s = params["sweep"]
+    assert s["keys"] == ["train.optimizer.lr", "model"]
+    assert s["points"]["embedded/lr=1e-2_model=tiny"] == {
+        "train.optimizer.lr": 0.01,
+        "model": "tiny",
+    }
+    ladder = s["ladder"]
+    assert [p["run"] for p in ladder["presets"]] == ["124m", "350m"]
+    rc = lmconfig.run_config(c, "124m")
+    tokens = rc.train.max_steps * rc.train.batch_tokens  # 10B
+    flops = plan.train_flops_per_token(rc.model, rc.train.seq_len) * tokens
+    assert ladder["presets"][0]["compute"] == flops
+    # an ordinary report has no sweep section
+    assert "sweep" not in json.loads(sweeps.report_params(c, "embedded"))
+
+
+def test_run_wildcard_matches_exactly_the_points():
+    """A point's name holds . = + /: the constraint escapes them (a "." must not match "x")."""
+    names = ["lr/lr=1e-3_model=tiny", "lr/lr=1.5e-3_model=tiny"]
+    pattern = "|".join(re.escape(n) for n in names)  # common.smk's one_of
+    assert re.fullmatch(pattern, "lr/lr=1.5e-3_model=tiny")
+    assert not re.fullmatch(pattern, "lr/lr=1x5e-3_model=tiny")
+    common = (CONFIG_FILE.parents[1] / "workflow" / "rules" / "common.smk").read_text()
+    assert 'run=one_of(config["runs"])' in common and "re.escape(n)" in common
+
+
+# ---- the sweep report, on synthetic point folders ----
+
+
+def test_power_law_fit_recovers_a_known_exponent():
+    points = [{"compute": c, "loss": 2.0 * (c / 1e12) ** -0.3 + 1.5} for c in
+              (1e12, 3e12, 1e13, 3e13, 1e14)]  # fmt: skip
+    fit = fit_power_law(points)
+    assert abs(fit.b - 0.3) < 1e-3 and abs(fit.e - 1.5) < 1e-3 and not fit.exact
+    assert max(abs(p["residual"]) for p in fit.points) < 1e-6
+    assert fit_power_law(points[:2]).startswith("2 finished model size(s)")
+
+
+def sweep_params(ladder: bool = True) -> dict:
+    """report_params of a 4-point ladder sweep (one lr, four sizes) and a second lr."""
+    names = {f"s/lr=1e-3_model=m{i}": (1e-3, f"m{i}") for i in range(4)}
+    names["s/lr=3e-3_model=m1"] = (3e-3, "m1")
+    params = {
+        "report": "sweep-s",
+        "gpu_hour_price": 0.0,
+        "order": list(names),
+        "runs": {n: settings(lr) for n, (lr, _) in names.items()},
+        "sweep": {
+            "name": "s",
+            "base": "b",
+            "keys": ["train.optimizer.lr", "model"],
+            "short": {"train.optimizer.lr": "lr", "model": "model"},
+            "points": {n: {"train.optimizer.lr": lr, "model": m} for n, (lr, m) in names.items()},
+            "ladder": None,
+        },
+    }
+    if ladder:
+        size = {n: 10 ** (6 + int(m[1]) / 2) for n, (_, m) in names.items()}
+        params["sweep"]["ladder"] = {
+            "tokens_per_param": 20,
+            "params": {n: int(size[n]) for n in names},
+            # ints, as lmpipe.sweeps computes them (the presets' past int64)
+            "compute": {n: int(120 * size[n] ** 2) for n in names},
+            "presets": [{"run": "350m", "compute": 7 * 10**19, "reference": "llm.c GPT-2 350M"}],
+        }
+    return params
+
+
+def test_sweep_report_marks_the_best_leaves_unfinished_points_out_and_fits(tmp_path):
+    layout = Layout(results=str(tmp_path), data=str(tmp_path / "data"))
+    params = sweep_params()
+    compute = params["sweep"]["ladder"]["compute"]
+    for name in params["order"]:
+        loss = 3.0 * (compute[name] / 1e14) ** -0.25 + 2.0  # a power law in compute
+        if name == "s/lr=3e-3_model=m1":
+            loss += 0.5  # the worse lr of m1: not the size's point of the fit
+        write_run(layout, name, val_loss=loss)
+    # m3: trained and its val loss measured, its HellaSwag still running: not finished
+    (tmp_path / "runs/s/lr=1e-3_model=m3/eval/hellaswag.json").unlink()
+    html = page.build_report(params, layout)
+    assert re.search(r'id="point-s/lr=1e-3_model=m3">.*?not finished', html, re.S)
+    # the best finished point (m2: m3 would be lower but did not finish)
+    assert re.search(r'id="best">.*?<strong>s/lr=1e-3_model=m2</strong>', html, re.S)
+    # the fit: the best point of each of the 3 finished sizes, so exactly determined
+    fit_rows = re.findall(r"<tr><td>(s/[^<]+)</td>", html.split('id="fit-table"')[1])
+    assert fit_rows == ["s/lr=1e-3_model=m0", "s/lr=1e-3_model=m1", "s/lr=1e-3_model=m2"]
+    assert re.search(r'id="exponent">0\.250<', html), "the fitted exponent"
+    assert "residuals are zero by construction" in html
+    assert 'id="presets-table"' in html and "2.93" in html  # llm.c's 350M beside the fit
+    assert html.count("<img ") == 4  # one a swept key, the ladder, the curves
+    assert "<script" not in html and "http" not in html.split("</style>")[1]

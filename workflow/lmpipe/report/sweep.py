@@ -1,0 +1,252 @@
+"""A sweep's report (`results/report_sweep-<name>.html`): its points compared by what they sweep.
+
+From the report params' `sweep` section (lmpipe.sweeps.sweep_params) and the points' result
+files: the final val loss and every headline evaluation against each swept key, one line per
+value of the other keys, the best point marked; every point's curves; and for a size ladder a
+power law of val loss against training compute, L = a * C^-b + e (scipy's curve_fit over the best
+finished point of each model size), its residuals, and where the 124M / 350M presets would land
+on it beside llm.c's published val losses. A point that did not finish is shown as such and left
+out of the best point and the fit.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lmpipe.registry import EVALUATIONS, Column
+from lmpipe.report.figures import _png, loss_figure, plt
+from lmpipe.report.references import REFERENCES
+from lmpipe.report.runs import Run, headline_columns
+
+# the fit needs more points than its 3 parameters to leave residuals that say anything
+FIT_PARAMS = 3
+
+
+def final_metrics(run: Run) -> dict[str, float | None]:
+    """A point's headline figures from its eval files, by column key; none before it finished
+    (a point still training is shown, never compared)."""
+    return {
+        column.key: run.evals.get(name, {}).get(column.field) if run.finished else None
+        for name, evaluation in EVALUATIONS.items()
+        for column in evaluation.columns
+    }
+
+
+def best_point(runs: list[Run], loss: dict[str, float | None]) -> str | None:
+    """The finished point with the lowest final val loss."""
+    done = [r.name for r in runs if loss.get(r.name) is not None]
+    return min(done, key=lambda n: loss[n]) if done else None
+
+
+def _numeric(values: list[Any]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+def key_figure(
+    key: str,
+    short: dict[str, str],
+    points: dict[str, dict[str, Any]],
+    metrics: dict[str, dict[str, float | None]],
+    columns: list[Column],
+    best: str | None,
+    x_of: dict[str, float] | None = None,
+) -> str:
+    """Each headline metric against swept `key`, one line per value of the other keys; `x_of`
+    places a point on the x axis (a model's parameters) instead of its value."""
+    others = [k for k in next(iter(points.values())) if k != key]
+    lines: dict[tuple, list[str]] = {}
+    for run, values in points.items():
+        lines.setdefault(tuple(values[k] for k in others), []).append(run)
+    xs_all = [x_of[r] if x_of else points[r][key] for r in points]
+    numeric = _numeric(xs_all)
+    categories = list(dict.fromkeys(xs_all)) if not numeric else []
+    fig, axes = plt.subplots(1, len(columns), figsize=(5.2 * len(columns), 3.8), squeeze=False)
+    for ax, column in zip(axes[0], columns, strict=True):
+        for group, runs in lines.items():
+            label = ", ".join(f"{short[k]}={v}" for k, v in zip(others, group, strict=True))
+            pts = []
+            for r in runs:
+                x = x_of[r] if x_of else points[r][key]
+                y = metrics[column.key].get(r)
+                if y is not None:
+                    pts.append((x if numeric else categories.index(x), y, r))
+            pts.sort()
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label or "all")
+            for x, y, r in pts:
+                if r == best:
+                    ax.plot(x, y, "*", ms=16, color="gold", mec="k", zorder=5)
+        if numeric and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 5:
+            ax.set_xscale("log")
+        if categories:
+            ax.set_xticks(range(len(categories)), [str(c) for c in categories])
+        name = short[key]
+        xlabel = f"{name} (parameters)" if x_of else name
+        ax.set(xlabel=xlabel, ylabel=column.label, title=f"{column.label} against {name}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+@dataclass
+class Fit:
+    """L = a * C^-b + e over the ladder's points (C: training FLOPs)."""
+
+    a: float
+    b: float
+    e: float
+    points: list[dict[str, Any]]  # run, params, compute, loss, fitted, residual
+    exact: bool  # as many points as parameters: the curve passes through every one
+
+    def loss(self, compute: float) -> float:
+        return self.a * compute**-self.b + self.e
+
+
+def fit_power_law(points: list[dict[str, Any]]) -> Fit | str:
+    """The fit over `points` (each with compute and loss), or why there is none."""
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    if len(points) < FIT_PARAMS:
+        return f"{len(points)} finished model size(s): a fit needs {FIT_PARAMS}"
+    c = np.array([p["compute"] for p in points], dtype=float)
+    y = np.array([p["loss"] for p in points], dtype=float)
+    c0 = c.min()  # fitted on C / c0: a of order the losses, not of order C^b
+
+    def law(x: np.ndarray, a: float, b: float, e: float) -> np.ndarray:
+        return a * x**-b + e
+
+    # 3 points and 3 parameters leave no covariance to estimate (the page says the fit is exact)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OptimizeWarning)
+        try:
+            (a, b, e), _ = curve_fit(
+                law,
+                c / c0,
+                y,
+                p0=(max(y.max() - 0.9 * y.min(), 1e-3), 0.3, 0.9 * y.min()),
+                bounds=([0, 0, 0], [np.inf, 5, y.min()]),
+                maxfev=20000,
+            )
+        except (RuntimeError, ValueError) as err:
+            return f"no fit: {err}"
+    fit = Fit(a * c0**b, b, e, [], exact=len(points) == FIT_PARAMS)
+    for p in points:
+        fitted = fit.loss(p["compute"])
+        fit.points.append(p | {"fitted": fitted, "residual": p["loss"] - fitted})
+    return fit
+
+
+def ladder_points(ladder: dict[str, Any], runs: list[Run], loss: dict[str, float | None]):
+    """The best finished point of each model size (its parameters), by compute."""
+    best: dict[int, dict[str, Any]] = {}
+    for r in runs:
+        if loss.get(r.name) is None:
+            continue
+        n = ladder["params"][r.name]
+        if n not in best or loss[r.name] < best[n]["loss"]:
+            best[n] = {
+                "run": r.name,
+                "params": n,
+                "compute": ladder["compute"][r.name],
+                "loss": loss[r.name],
+            }
+    return sorted(best.values(), key=lambda p: p["compute"])
+
+
+def presets(ladder: dict[str, Any], fit: Fit | None) -> list[dict[str, Any]]:
+    """The presets' compute, the fit's val loss there, and llm.c's published val loss."""
+    published = {r.name: r.figures.get("val_loss") for r in REFERENCES}
+    return [
+        p
+        | {
+            "predicted": fit.loss(p["compute"]) if fit else None,
+            "published": published.get(p["reference"]),
+        }
+        for p in ladder["presets"]
+    ]
+
+
+def ladder_figure(fit: Fit | None, points: list[dict[str, Any]], marks: list[dict]) -> str:
+    """Val loss against compute, log-log: the points, the fit out to the presets, their marks."""
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ax.plot([p["compute"] for p in points], [p["loss"] for p in points], "o", ms=8, label="points")
+    for p in points:
+        ax.annotate(p["run"].split("/", 1)[-1], (p["compute"], p["loss"]), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    if fit is not None:
+        hi = max([p["compute"] for p in points] + [m["compute"] for m in marks])
+        # float: FLOPs in the params are ints, past int64 for the presets
+        xs = np.geomspace(float(min(p["compute"] for p in points)), float(hi), 200)
+        ax.plot(xs, fit.loss(xs), "-", color="C1",
+                label=f"fit: L = {fit.a:.3g}·C^-{fit.b:.3f} + {fit.e:.3f}")  # fmt: skip
+        for m in marks:
+            ax.plot(m["compute"], m["predicted"], "x", ms=10, mew=2, color="C3")
+            ax.annotate(f"{m['run']}: fit {m['predicted']:.2f}", (m["compute"], m["predicted"]),
+                        fontsize=8, xytext=(4, 6), textcoords="offset points")  # fmt: skip
+    for m in marks:
+        if m["published"] is not None:
+            ax.plot(m["compute"], m["published"], "*", ms=12, color="0.3")
+            ax.annotate(f"{m['reference']}: {m['published']}", (m["compute"], m["published"]),
+                        fontsize=8, xytext=(4, -12), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set(xlabel="training compute C (FLOPs: 6N + 6LCT a token)", ylabel="final val loss",
+           title="Val loss against compute (size ladder)")  # fmt: skip
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def sweep_context(params: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
+    """What the sweep template shows: the points' table, the figures, the fit."""
+    sweep = params["sweep"]
+    columns = headline_columns(runs)
+    finals = {r.name: final_metrics(r) for r in runs}
+    metrics = {c.key: {r.name: finals[r.name][c.key] for r in runs} for c in columns}
+    loss = metrics["val_loss"]
+    best = best_point(runs, loss)
+    ladder = sweep["ladder"]
+    figures = {}
+    for key in sweep["keys"]:
+        x_of = ladder["params"] if ladder and key == "model" else None
+        figures[key] = key_figure(
+            key, sweep["short"], sweep["points"], metrics, columns, best, x_of
+        )
+    context: dict[str, Any] = {
+        "sweep": sweep,
+        "columns": columns,
+        "metrics": metrics,
+        "best": best,
+        "key_figures": figures,
+        "curves": loss_figure(runs),
+        "ladder": None,
+    }
+    if ladder:
+        points = ladder_points(ladder, runs, loss)
+        fit = fit_power_law(points)
+        marks = presets(ladder, fit if isinstance(fit, Fit) else None)
+        context["ladder"] = {
+            "tokens_per_param": ladder["tokens_per_param"],
+            "params": ladder["params"],
+            "compute": ladder["compute"],
+            "points": points,
+            "fit": fit if isinstance(fit, Fit) else None,
+            "no_fit": fit if isinstance(fit, str) else None,
+            "presets": marks,
+            "figure": ladder_figure(fit if isinstance(fit, Fit) else None, points, marks)
+            if points
+            else None,
+        }
+    return context
+
+
+def fmt_sci(x: float | None) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
