@@ -423,12 +423,13 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs(workdir):
     start, end = (time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%S")) for t in first.groups())
     limit_s = 60 * OVERLAY_RUNS[run]["launch"]["runtime"]
     assert end - start < limit_s, (first.group(0), limit_s)
-    # the retry resumed from the checkpoint saved on SLURM's SIGTERM, between two periodic ones
-    every = OVERLAY_RUNS[run]["train"]["checkpoint_every"]
-    resumed = resumed_step(workdir, run)
-    assert resumed and resumed % every, resumed
+    # the retry resumed from the checkpoint saved on SLURM's SIGTERM (the run has no periodic
+    # one before its last step), and finished
+    steps = OVERLAY_RUNS[run]["train"]["max_steps"]
+    assert OVERLAY_RUNS[run]["train"]["checkpoint_every"] > steps
+    assert 0 < resumed_step(workdir, run) < steps, resumed_step(workdir, run)
     meta = json.loads((workdir / f"results/runs/{run}/train/final/meta.json").read_text())
-    assert meta["step"] == OVERLAY_RUNS[run]["train"]["max_steps"]
+    assert meta["step"] == steps
     # the trainer's record: the first attempt ended on the signal (SLURM's SIGTERM, or the
     # launcher's SIGUSR1 that forwards it, whichever reached rank 0 last), nothing redone
     restarts = restarts_of(workdir, run)
