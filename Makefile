@@ -26,9 +26,11 @@ sweep-demo: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_sweep-embedded.html
 	@echo "report: $$(pwd)/results/report_sweep-embedded.html"
 
-## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available)
+## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available), a file a
+## worker on TEST_WORKERS workers (pytest-xdist): the SLURM tests mostly wait, the others compute
+TEST_WORKERS ?= 2
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 ## unit tests only (seconds)
 test-fast: setup

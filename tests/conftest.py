@@ -18,6 +18,13 @@ TOKENIZER_DIR = RESOURCES / "gpt2"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The SLURM tests first. They mostly wait (on SLURM's scheduling and Snakemake's status
+    polls), so under `make test` (pytest-xdist, a worker a core, a file a worker) one worker waits
+    on them from the start while the other runs the rest, instead of taking them up last."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: else in order
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -200,7 +200,9 @@ def preempt(job_id: str) -> None:
 
 
 def train_jobs(log: str, run: str) -> list[dict[str, str]]:
-    return [j for j in jobs_of(run_uuid_of(log)) if j["comment"] == f"rule_train_wildcards_{run}"]
+    """The train jobs of `run` (the plugin's job comment writes a `/` of a name as `_`)."""
+    comment = f"rule_train_wildcards_{run.replace('/', '_')}"
+    return [j for j in jobs_of(run_uuid_of(log)) if j["comment"] == comment]
 
 
 def final_weights(workdir: Path, run: str) -> dict[str, Any]:
@@ -437,6 +439,48 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs(workdir):
     assert (restart.cause, restart.steps_redone) == ("signal", 0), restart
     assert restart.why in ("SIGTERM", "SIGUSR1"), restart
     assert restarts.job_ids == [j["id"] for j in jobs]
+
+
+# ---- a sweep: its points side by side, one SLURM job each ---------------------------------------
+
+
+def job_records(job_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """slurmctld's completion record of each job: its node list, start and end (epoch s)."""
+    record = (STATE / "jobcomp.txt").read_text()
+    out = {}
+    for job_id in job_ids:
+        line = re.search(rf"^JobId={job_id} .*$", record, re.M).group(0)
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        out[job_id] = {
+            "nodes": fields["NodeList"],
+            **{
+                k: time.mktime(time.strptime(fields[f"{k.title()}Time"], "%Y-%m-%dT%H:%M:%S"))
+                for k in ("start", "end")
+            },
+        }
+    return out
+
+
+def test_a_sweep_runs_its_points_as_concurrent_jobs_and_builds_its_report(workdir):
+    log_path = workdir / "snakemake-sweep.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            snakemake_cmd("--jobs", "4", "results/report_sweep-slurm.html"),
+            cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    text = finish(proc, log_path)
+    assert proc.returncode == 0, text[-6000:]
+    points = [f"slurm/lr={lr}" for lr in ("1e-3", "3e-3", "1e-2")]
+    trains = {p: train_jobs(text, p) for p in points}
+    assert all(len(t) == 1 and t[0]["state"] == "COMPLETED" for t in trains.values()), trains
+    records = job_records([t[0]["id"] for t in trains.values()])
+    # side by side: some two points trained at the same time, and the points used both nodes
+    spans = sorted((r["start"], r["end"]) for r in records.values())
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False)), records
+    assert {r["nodes"] for r in records.values()} >= {"n1", "n2"}, records
+    html = (workdir / "results/report_sweep-slurm.html").read_text()
+    for point in points:
+        assert point in html and (workdir / f"results/runs/{point}/train/final").is_dir()
 
 
 # ---- 4: the sbatch line of the 124M train job ----------------------------------------------------
