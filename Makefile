@@ -27,10 +27,11 @@ sweep-demo: setup
 	@echo "report: $$(pwd)/results/report_sweep-embedded.html"
 
 ## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available), a file a
-## worker on TEST_WORKERS workers (pytest-xdist): the SLURM tests mostly wait, the others compute
+## worker on TEST_WORKERS workers (pytest-xdist), in the order collected (the SLURM tests first,
+## tests/conftest.py): they mostly wait, the other worker computes meanwhile
 TEST_WORKERS ?= 2
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## unit tests only (seconds)
 test-fast: setup
