@@ -78,6 +78,7 @@ class WandbLog:
             os.environ[variable] = str(root)
         import wandb  # the [wandb] extra: only when logging.wandb is set
 
+        self.wandb = wandb
         self.run = wandb.init(
             project=settings.project,
             group=settings.group,
@@ -97,7 +98,11 @@ class WandbLog:
         self.run.log({"step": record["step"], "tokens": record["tokens"], **scalars(record)})
 
     def close(self) -> None:
+        """Finish the run and wait for wandb's service: `finish()` may return before the
+        service has written the run's file (seen offline, under load), and wandb's own atexit
+        teardown is "not reliable in certain setups"; the files are complete when training ends."""
         self.run.finish()
+        self.wandb.teardown()
 
 
 def run_config(job: Any, train: Any) -> dict[str, Any]:
