@@ -102,3 +102,48 @@ def kill_at_checkpoint(cmd: list[str], env: dict, out: Path, step: int, timeout:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not (out / "final").exists(), "the run finished before it was killed"
+
+
+# ---- reading W&B's own files back (logging.wandb, offline) ---------------------------------------
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a `.wandb` file (wandb 0.31 ships no reader in Python): LevelDB's
+    log format, 32 KiB blocks of chunks (crc32, length, type), after a 7-byte W&B header."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    ident, _, _ = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B", path
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (length, kind) == (0, 0):  # a block's padding
+            pos += left
+            continue
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL, LAST
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_history(out: Path) -> list[dict]:
+    """Every row a run's train/ folder `out` logged to W&B offline, attempt after attempt (each
+    attempt's offline run is a folder of its own), keys as logged ("train/loss")."""
+    import json
+
+    rows = []
+    for path in sorted((out / "wandb").glob("wandb/offline-run-*/*.wandb")):
+        for r in wandb_records(path):
+            if r.WhichOneof("record_type") == "history":
+                items = r.history.item
+                rows.append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+                )
+    return rows

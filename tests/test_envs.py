@@ -59,6 +59,11 @@ DISPATCH = {
 }
 
 
+# packages a rule's modules import only when a setting asks for them, each with the one module
+# allowed to import it, inside a function: the env leaves them out (the user installs the extra)
+OPTIONAL = {"wandb": "lmpipe.train.wandb_log"}  # logging.wandb: the [wandb] extra
+
+
 def module_imports(*modules: str) -> set[str]:
     """Top-level packages that `modules` import, anywhere in their code (inside functions too:
     a job calls them), following lmpipe's own modules, a package's __init__ and __main__, and
@@ -131,6 +136,33 @@ def test_a_rule_env_has_what_its_module_imports(rule, env, modules):
     pip_list = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict) and "pip" in d)
     installed = set(pins(pip_list))
     distributions = packages_distributions()
-    for package in sorted(module_imports(*modules)):
+    for package in sorted(module_imports(*modules) - set(OPTIONAL)):
         names = {d.lower().replace("-", "_") for d in distributions.get(package, [package])}
         assert names & installed, f"rule {rule}: {modules} import {package}, not in envs/{env}.yaml"
+
+
+def top_level_imports(source: Path) -> set[str]:
+    """Top-level packages `source` imports when it is imported (not inside a function)."""
+    found = set()
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("package,owner", OPTIONAL.items())
+def test_an_optional_package_is_imported_lazily_by_its_module_only(package, owner):
+    """Left out of the env, an optional package must never load with a job that does not ask
+    for it: only its module imports it, and only inside a function."""
+    modules = REPO / "workflow" / "lmpipe"
+    importers = set()
+    for source in modules.rglob("*.py"):
+        outside: set[str] = set()
+        import_names(source, outside)
+        if package in outside:
+            importers.add(".".join(source.relative_to(modules.parent).with_suffix("").parts))
+        assert package not in top_level_imports(source), f"{source} imports {package} at the top"
+    assert importers == {owner}
+    assert not set(OPTIONAL) & set(PROJECT), "an optional package is a dependency after all"

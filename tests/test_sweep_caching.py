@@ -98,3 +98,21 @@ def test_changing_a_swept_key_of_the_base_retrains_nothing(trained):
     config = copy.deepcopy(config)
     config["runs"]["embedded-sweep"]["train"]["optimizer"]["lr"] = 5.0e-3
     assert planned(workdir, config, finals(["1e-3", "3e-3"])) == set()
+
+
+def test_switching_wandb_on_or_off_retrains_nothing(trained):
+    """logging.wandb is not a training setting: on (the points then a W&B group, the sweep's
+    name) or off, a finished point is left alone; a job that runs gets it as --wandb."""
+    workdir, config = trained
+    config = copy.deepcopy(config)
+    config["runs"]["embedded-sweep"]["logging"] = {"wandb": {"project": "p", "mode": "offline"}}
+    targets = finals(["1e-3", "3e-3"])
+    assert planned(workdir, config, targets) == set()
+    path = workdir / "wandb_on.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    forced = snakemake(
+        workdir, targets[0], "-n", "-p", "--forcerun", targets[0], "--configfile", str(path)
+    )
+    assert """--wandb '{"group":"c","mode":"offline","project":"p"}'""" in forced.stdout
+    del config["runs"]["embedded-sweep"]["logging"]
+    assert planned(workdir, config, targets) == set()

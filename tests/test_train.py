@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import TOKENIZER_DIR, kill_at_checkpoint
+from conftest import TOKENIZER_DIR, kill_at_checkpoint, wandb_history
 from lmpipe.config import ScheduleConfig, train_config
 from lmpipe.data.loader import ShardLoader
 from lmpipe.data.shards import write_shard
@@ -423,3 +423,34 @@ def test_fresh_start_moves_the_checkpoints_aside_and_trains_from_step_0(manifest
     restarts = summarise(read_attempts(out / "attempts.jsonl"))  # a new history, the old kept
     assert restarts.earlier == 2 and len(restarts.attempts) == 1 and restarts.clean
     assert restarts.attempts[0].start["fresh_start"] and restarts.last == "finished"
+
+
+@pytest.mark.slow
+def test_wandb_offline_logs_the_losses_in_the_run_folder_and_no_secret(manifest, tmp_path):
+    """logging.wandb on, W&B offline, an API key and an HF token in the environment: the
+    offline run holds metrics.jsonl's losses, its files are under train/wandb/ (none in the home
+    or the working directory), and neither secret is in any file of the run (provenance.json
+    included) nor in the log. (The launcher passing --wandb on: tests/test_wandb.py.)"""
+    secret = "lmpipe-test-secret-8d2f41"
+    out, home, cwd = tmp_path / "train", tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    cfg = config(1, max_steps=4, val_every=2, checkpoint_every=2)
+    wandb = {"project": "lmpipe-test", "group": "g", "mode": "offline"}
+    cmd = command(cfg, manifest, out) + ["--wandb", json.dumps(wandb)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", HOME=str(home))
+    env |= {"WANDB_MODE": "offline", "WANDB_API_KEY": secret, "HF_TOKEN": secret}
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = wandb_history(out)
+    assert [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r] == [
+        (m["step"], m["loss"]) for m in metrics(out) if "loss" in m
+    ]
+    assert [r["step"] for r in rows if "val/val_loss" in r] == [0, 2, 4]
+    assert len(list((out / "wandb" / "wandb").glob("offline-run-*"))) == 1
+    assert not list(home.iterdir()) and not list(cwd.iterdir())
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert out / "provenance.json" in files
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), path
+    assert secret not in proc.stdout + proc.stderr

@@ -206,6 +206,23 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases beside metrics.jsonl (lmpipe.train.wandb_log). Never in the train params:
+    switching it on or off retrains nothing (the train rule passes it as `--wandb`)."""
+
+    project: str
+    group: str | None = None  # a sweep's points: the sweep's name (lmpipe.sweeps)
+    mode: str = "online"  # online, offline (files under train/wandb/ only) or disabled
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Where else a run's metrics go; metrics.jsonl and TensorBoard are always written."""
+
+    wandb: WandbConfig | None = None  # None: off
+
+
+@dataclass(frozen=True)
 class RunConfig:
     name: str
     dataset: str
@@ -216,6 +233,7 @@ class RunConfig:
     eval: dict[str, Any] = field(default_factory=dict)  # section -> its settings dataclass
     base: BaseConfig | None = None
     sft: SFTConfig | None = None
+    logging: LoggingConfig = LoggingConfig()
 
     @property
     def fine_tuning(self) -> bool:
@@ -351,6 +369,7 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
         eval={s: build(cls, r["eval"][s], f"{where}.eval.{s}") for s, cls in EVAL_SECTIONS.items()},
         base=build(BaseConfig, r["base"], f"{where}.base") if "base" in r else None,
         sft=build(SFTConfig, r["sft"], f"{where}.sft") if "sft" in r else None,
+        logging=build(LoggingConfig, r.get("logging", {}), f"{where}.logging"),
     )
 
 
@@ -439,6 +458,13 @@ def train_params(config: dict[str, Any], run: str) -> str:
         job["base"] = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
         job["sft"] = dataclasses.asdict(rc.sft)
     return canonical_json(job)
+
+
+def wandb_settings(config: dict[str, Any], run: str) -> str | None:
+    """A run's logging.wandb as canonical JSON, None when off. Not part of `train_params`: the
+    train rule passes it apart, so that switching W&B on or off reruns nothing."""
+    wandb = run_config(config, run).logging.wandb
+    return None if wandb is None else canonical_json(dataclasses.asdict(wandb))
 
 
 def eval_params(config: dict[str, Any], run: str, evaluation: str) -> str:

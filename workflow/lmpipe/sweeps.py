@@ -178,6 +178,9 @@ def expand_sweep(config: dict[str, Any], name: str) -> list[str]:
             set_key(config, run, key, value, at, base)
         if ladder is not None:
             run["train"]["max_steps"] = ladder_steps(config, run, ladder)
+        wandb = run.get("logging", {}).get("wandb")
+        if wandb is not None and wandb.get("group") is None:
+            wandb["group"] = name  # a sweep is a W&B group: its points side by side
         run_name = point_name(name, point, short)
         if run_name in names:
             raise ConfigError(f"{at}: two points are both named {run_name!r}")

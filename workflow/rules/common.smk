@@ -127,6 +127,14 @@ def get_hellaswag_arg(wildcards, input):
     return f"--hellaswag {shlex.quote(input.hellaswag)}" if "hellaswag" in keys else ""
 
 
+def get_wandb_arg(wildcards, input):
+    """`--wandb JSON` when the run sets logging.wandb. It takes `input` on purpose: Snakemake
+    counts such a param as derived from the inputs and leaves it out of its rerun check, so
+    switching W&B on or off never retrains a finished run (tests/test_pipeline.py)."""
+    settings = lmconfig.wandb_settings(config, wildcards.run)
+    return f"--wandb {shlex.quote(settings)}" if settings else ""
+
+
 # SLURM resources of tokenize, convert and evaluate: derived by lmpipe.plan from the run (one GPU
 # of its kind for a GPU run's convert and evaluate) and from measured throughputs (the time limit:
 # twice the estimate plus 10 minutes); `python -m lmpipe.plan` prints them

@@ -1,7 +1,7 @@
 """Start torchrun for a run, the way its `launch:` settings say, and pass signals to the workers.
 
     python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--hellaswag F]
-        [--worker MODULE]
+        [--wandb JSON] [--worker MODULE]
 
 (the train rule). The worker is a module torchrun runs on every rank: `lmpipe.train.pretrain` by
 default, `lmpipe.chat.finetune` for a fine-tuning run; both run lmpipe.train.loop.
@@ -48,6 +48,7 @@ from lmpipe.config import Placement, TrainJob
 from lmpipe.registry import ARCHITECTURES
 from lmpipe.throughputs import figure
 from lmpipe.train.parallel import die_with_parent
+from lmpipe.train.wandb_log import check_installed
 
 RDZV_PORT = 29500
 PRETRAIN_WORKER = "lmpipe.train.pretrain"
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
     parser.add_argument("--hellaswag", type=Path, help="HellaSwag items (train.eval_every)")
     parser.add_argument("--worker", default=PRETRAIN_WORKER, help="the module torchrun runs")
+    parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
     parser.add_argument(
         "--fresh-start",
         action="store_true",
@@ -234,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         worker_args += ["--init", str(args.init)]
     if args.hellaswag is not None:
         worker_args += ["--hellaswag", str(args.hellaswag)]
+    if args.wandb:
+        check_installed(job.run)
+        worker_args += ["--wandb", args.wandb]
     if args.fresh_start or os.environ.get(FRESH_START_ENV, "") not in ("", "0"):
         worker_args += ["--fresh-start"]
     cmd, env = build_command(job, worker_args, args.worker)

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from lmpipe import provenance
-from lmpipe.config import TrainConfig, TrainJob, settings_hash
+from lmpipe.config import TrainConfig, TrainJob, WandbConfig, build, settings_hash
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.eval.hellaswag import load_items
@@ -44,9 +44,10 @@ from lmpipe.models import build_model
 from lmpipe.train.attempts import AttemptLog, short_error
 from lmpipe.train.checkpoint import Checkpointer, save_final
 from lmpipe.train.hellaswag import hellaswag_correct, hellaswag_share
-from lmpipe.train.metrics import Metrics
+from lmpipe.train.metrics import Metrics, WandbRun
 from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
 from lmpipe.train.parallel import Dist, die_with_parent, init_distributed, local_numel, parallelize
+from lmpipe.train.wandb_log import run_config as wandb_config
 
 log = logging.getLogger("lmpipe.train")
 
@@ -184,9 +185,10 @@ def run(
     stop: StopFlag,
     fresh_start: bool = False,
     hellaswag: Path | None = None,
+    wandb: WandbConfig | None = None,
 ) -> int:
     """Run (or resume) the training of one run; returns the process exit code. `hellaswag`: the
-    items file of HellaSwag during training (train.eval_every > 0)."""
+    items file of HellaSwag during training (train.eval_every > 0); `wandb`: logging.wandb."""
     tc = task.train
     check_compiler(job)
     share = None
@@ -239,7 +241,8 @@ def run(
             step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
             eval_total = state.get("eval_s", 0.0)  # seconds of HellaSwag during training
             log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
-        metrics = Metrics(out, step, d.is_main)
+        w = WandbRun(wandb, job.run, digest, wandb_config(job, tc)) if wandb else None
+        metrics = Metrics(out, step, d.is_main, w)
         attempt.start(step, resume, d.world_size, digest, fresh_start)
         write_provenance(job, model, d, digest, peak, out)
         if d.is_main:
@@ -432,6 +435,7 @@ def worker_main(
     parser.add_argument(
         "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
     )
+    parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
     args = parser.parse_args(argv)
     stop = StopFlag()  # first: a signal during start-up is acted on at the first step boundary
     job = TrainJob.from_json(args.config_json)
@@ -447,6 +451,7 @@ def worker_main(
     d = init_distributed(job.launch.device)
     try:
         task = make_task(job, args.data, d, args.init)
-        return run(job, task, args.out, d, stop, args.fresh_start, args.hellaswag)
+        wandb = build(WandbConfig, json.loads(args.wandb), "--wandb") if args.wandb else None
+        return run(job, task, args.out, d, stop, args.fresh_start, args.hellaswag, wandb)
     finally:
         dist.destroy_process_group()

@@ -3,6 +3,7 @@
 One JSON object a line: a train step (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `mfu`, `wall_s`),
 a validation (`val_loss`) or HellaSwag during training (`hellaswag`: acc_norm, `hellaswag_acc`,
 `hellaswag_items`, `eval_s`), each with `step` and `tokens`. The report reads these, not logs.
+With `logging.wandb`, the same records go to Weights & Biases too (lmpipe.train.wandb_log).
 """
 
 from __future__ import annotations
@@ -10,37 +11,54 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from lmpipe.config import WandbConfig
 from lmpipe.files import read_json_lines
 from lmpipe.paths import METRICS_FILE
+from lmpipe.train.wandb_log import WandbLog, scalars
 
 log = logging.getLogger("lmpipe.train")
 
 
-def lines_up_to(path: Path, step: int) -> list[str]:
-    """The lines of `path` whose step is at most `step`, for a resume to keep. A torn last line
-    (a kill mid-write) is dropped with a warning: its step is redone anyway."""
+def lines_up_to(path: Path, step: int) -> tuple[list[str], int]:
+    """The lines of `path` whose step is at most `step`, for a resume to keep, and the last step
+    the file reached (what the attempt before logged). A torn last line (a kill mid-write) is
+    dropped with a warning: its step is redone anyway."""
     rows, torn = read_json_lines(path)
     if torn is not None:
         log.warning("%s:%d: dropping a torn last line: %.80r", path, *torn)
-    return [json.dumps(row) for _, row in rows if row["step"] <= step]
+    reached = max((row["step"] for _, row in rows), default=-1)
+    return [json.dumps(row) for _, row in rows if row["step"] <= step], reached
+
+
+@dataclass(frozen=True)
+class WandbRun:
+    """What opening the run's W&B run takes (logging.wandb on): see lmpipe.train.wandb_log."""
+
+    settings: WandbConfig
+    run: str
+    digest: str  # the settings hash: part of the W&B run's id
+    config: dict[str, Any]
 
 
 class Metrics:
-    """metrics.jsonl + TensorBoard (rank 0); on resume, lines after the resumed step are dropped."""
+    """metrics.jsonl + TensorBoard (+ W&B) on rank 0; on resume, lines after the resumed step
+    are dropped (and W&B skips the steps it has: they are redone bit for bit)."""
 
-    def __init__(self, out: Path, resume_step: int, enabled: bool):
+    def __init__(self, out: Path, resume_step: int, enabled: bool, wandb: WandbRun | None = None):
         self.enabled = enabled
+        self.wandb: WandbLog | None = None
         if not enabled:
             return
         self.path = out / METRICS_FILE
-        kept = []
+        kept, reached = [], -1
         if resume_step > 0 and self.path.exists():
-            kept = lines_up_to(self.path, resume_step)
+            kept, reached = lines_up_to(self.path, resume_step)
         elif (out / "tb").exists():
             shutil.rmtree(out / "tb")  # a fresh start: old events would mix two trajectories
         self.path.write_text("".join(ln + "\n" for ln in kept))
@@ -48,19 +66,24 @@ class Metrics:
         self.tb = SummaryWriter(
             str(out / "tb"), purge_step=resume_step + 1 if resume_step else None
         )
+        if wandb is not None:
+            self.wandb = WandbLog(
+                wandb.settings, out, wandb.run, wandb.digest, wandb.config, logged_until=reached
+            )
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        group = "eval" if "hellaswag" in record else None  # eval/hellaswag, eval/eval_s, ...
-        for key, value in record.items():
-            if key not in ("step", "tokens") and value is not None:
-                prefix = group or ("val" if key == "val_loss" else "train")
-                self.tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+        for name, value in scalars(record).items():
+            self.tb.add_scalar(name, value, record["step"])
+        if self.wandb is not None:
+            self.wandb.write(record)
 
     def close(self) -> None:
         if self.enabled:
             self.file.close()
             self.tb.close()
+            if self.wandb is not None:
+                self.wandb.close()
