@@ -148,7 +148,6 @@ def strike_mid_run(
         proc = subprocess.Popen(
             snakemake_cmd(*args), cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT
         )
-    comment = f"rule_train_wildcards_{run}"
     struck, struck_at, at_strike, after_end, strike_result, ended_s = None, 0.0, [], [], None, None
     newest = None
     try:
@@ -159,10 +158,7 @@ def strike_mid_run(
             # wait for the first periodic checkpoint: the train job is running, mid-way
             if "SLURM run ID" not in text or not checkpoint_steps(workdir, run):
                 continue
-            running = [
-                j for j in jobs_of(run_uuid_of(text))
-                if j["comment"] == comment and j["state"] == "RUNNING"
-            ]  # fmt: skip
+            running = [j for j in train_jobs(text, run) if j["state"] == "RUNNING"]
             if running:
                 struck, struck_at = running[0]["id"], time.monotonic()
                 at_strike = checkpoint_steps(workdir, run)

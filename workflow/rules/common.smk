@@ -130,7 +130,7 @@ def get_hellaswag_arg(wildcards, input):
 def get_wandb_arg(wildcards, input):
     """`--wandb JSON` when the run sets logging.wandb. It takes `input` on purpose: Snakemake
     counts such a param as derived from the inputs and leaves it out of its rerun check, so
-    switching W&B on or off never retrains a finished run (tests/test_pipeline.py)."""
+    switching W&B on or off never retrains a finished run (tests/test_sweep_caching.py)."""
     settings = lmconfig.wandb_settings(config, wildcards.run)
     return f"--wandb {shlex.quote(settings)}" if settings else ""
 
