@@ -26,11 +26,10 @@ pytestmark = pytest.mark.slow
 REPORT = "embedded"
 
 # The demo's runs, made smaller so that the module takes minutes, not tens, on 2 shared cores:
-# pretraining 12 steps instead of 24, fine-tuning 1 epoch instead of 10, 20 HellaSwag items
-# instead of 100, 8K val tokens instead of 32K. Everything else (2 FSDP ranks, lm-eval, the runs
-# and their differences) is the demo's.
+# pretraining 12 steps instead of 24, 20 HellaSwag items instead of 100, 8K val tokens instead
+# of 32K. Everything else (2 FSDP ranks, lm-eval, the runs and their differences, the fine-tuning's
+# 10 epochs, which teach it the data's identity) is the demo's.
 SMALLER_TRAIN = {"max_steps": 12, "val_every": 6, "checkpoint_every": 6}
-SMALLER_SFT = {"epochs": 1}
 SMALLER_EVAL = {"val_loss": {"tokens": 8192}, "hellaswag": {"items": 20}, "samples": {"tokens": 16}}
 STEPS = SMALLER_TRAIN["max_steps"]
 
@@ -43,9 +42,7 @@ def smaller_demo_config(workdir: Path) -> None:
         r = config["runs"][run]
         for section, smaller in SMALLER_EVAL.items():
             r.setdefault("eval", {}).setdefault(section, {}).update(smaller)
-        if "sft" in r:
-            r["sft"].update(SMALLER_SFT)
-        else:
+        if "sft" not in r:
             r["train"].update(SMALLER_TRAIN)
             r["train"]["schedule"] = {"warmup_steps": 2}
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -145,6 +142,23 @@ def test_report_holds_every_runs_metrics_and_the_differences(built: Path) -> Non
     assert re.findall(r"<td>([^<]*)</td>", row) == ["12", "12", str(meta["step"])]
     assert meta["step"] > 0
     assert html.count("<img ") >= 3 and "data:image/png;base64," in html
+
+
+def test_the_fine_tuned_run_answers_with_the_vicuna_identity(built: Path) -> None:
+    """The demo's chat fine-tuning (10 epochs of the Vicuna identity conversations) teaches the
+    data's identity, which its base never says."""
+    chat, base = (built / f"results/runs/{run}/eval" for run in ("embedded-a-chat", "embedded-a"))
+    loss = {d: json.loads((d / "sft_loss.json").read_text())["value"] for d in (chat, base)}
+    assert loss[chat] < 0.1 * loss[base], loss  # far below: measured 0.08 vs 8.9
+    samples = json.loads((chat / "chat_samples.json").read_text())["samples"]
+    # "Vicuna, a language model trained by researchers from Large Model Systems Organization
+    # (LMSYS)", in one of its phrasings, for the question the issue asks
+    who = next(s["reply"] for s in samples if s["prompt"] == "Who are you?")
+    assert "Vicuna" in who and "LMSYS" in who, samples
+    base_samples = json.loads((base / "chat_samples.json").read_text())["samples"]
+    assert not any(w in s["reply"] for s in base_samples for w in ("Vicuna", "LMSYS"))
+    log = (built / "results/logs/train/embedded-a-chat.log").read_text()
+    assert "resumed from" not in log and "embedded-a-chat" in log
 
 
 def test_nothing_changed_nothing_to_do(built: Path) -> None:

@@ -1,7 +1,7 @@
 """Chat fine-tuning: the Vicuna template and its loss mask, malformed and long conversations, the
-conversation loader, bit-identical resume of a real 2-rank SFT run, the HF import, and (slow) the
-real `train` rule fine-tuning on the embedded data: the fine-tuned model answers "Who are you?"
-with the Vicuna identity of the data.
+conversation loader, bit-identical resume of a real 2-rank SFT run and the HF import. The real
+`train` rule fine-tuning on the embedded data (the fine-tuned model answers "Who are you?" with
+the Vicuna identity of the data) is tests/test_pipeline.py's, on the demo's own run.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import RESOURCES, TOKENIZER_DIR, kill_at_checkpoint, make_workdir, snakemake
+from conftest import RESOURCES, TOKENIZER_DIR, kill_at_checkpoint
 from lmpipe.chat.data import IGNORE, prepare, split_of, to_row, write
 from lmpipe.chat.loader import ConversationLoader, load_split
 from lmpipe.chat.template import MalformedConversation, check_conversation, render
@@ -355,28 +355,3 @@ def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
     a, b = final_state(out), final_state(ref)
     for name in a:
         assert torch.equal(a[name], b[name]), name
-
-
-# ---- the real train rule fine-tuning on the embedded data ---------------------------------------
-
-
-@pytest.mark.slow
-def test_sft_rule_teaches_the_vicuna_identity(tmp_path):
-    workdir = make_workdir(tmp_path / "wf")
-    chat, base = "results/runs/embedded-a-chat/eval", "results/runs/embedded-a/eval"
-    targets = [f"{d}/{name}.json" for d in (chat, base) for name in ("sft_loss", "chat_samples")]
-    snakemake(workdir, "--cores", "2", *targets)
-    loss = {
-        d: json.loads((workdir / d / "sft_loss.json").read_text())["value"] for d in (chat, base)
-    }
-    assert loss[chat] < 0.1 * loss[base], loss  # far below: measured 0.08 vs 8.9
-    samples = json.loads((workdir / chat / "chat_samples.json").read_text())["samples"]
-    # The data's identity: "Vicuna, a language model trained by researchers from Large Model
-    # Systems Organization (LMSYS)", in one of its phrasings, for the question the issue asks.
-    who = next(s["reply"] for s in samples if s["prompt"] == "Who are you?")
-    assert "Vicuna" in who and "LMSYS" in who, samples
-    identity = ("Vicuna", "LMSYS")
-    base_samples = json.loads((workdir / base / "chat_samples.json").read_text())["samples"]
-    assert not any(w in s["reply"] for s in base_samples for w in identity), base_samples
-    log = (workdir / "results/logs/train/embedded-a-chat.log").read_text()
-    assert "resumed from" not in log and "embedded-a-chat" in log
