@@ -37,6 +37,19 @@ def test_plans_the_full_124m_dag_offline(workdir):
         )
 
 
+def test_the_longest_training_is_scheduled_first(workdir):
+    """The sweep demo's biggest point (7x the FLOPs of the next) must not start last on 2 cores:
+    train jobs have a priority that grows with their training FLOPs."""
+    out = snakemake(workdir, "results/report_sweep-embedded.html", "-n").stdout
+    jobs = re.findall(
+        r"^rule train:\n(?:\s+.*\n)*?\s+wildcards: run=(\S+)\n\s+priority: (\d+)", out, re.M
+    )
+    priority = {run: int(p) for run, p in jobs}
+    ladder = [f"embedded/lr=3e-3_model={m}" for m in ("tiny-xs", "tiny-s", "tiny", "tiny-l")]
+    assert [priority[r] for r in ladder] == sorted({priority[r] for r in ladder}), priority
+    assert len(priority) == 6, out[-2000:]
+
+
 def test_invalid_config_stops_before_any_job(tmp_path):
     """A misspelt key stops a real run (no -n) with one line naming its YAML path, the key and
     the nearest one, and no job starts: nothing under results/, no job in Snakemake's log. The

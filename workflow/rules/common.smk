@@ -2,6 +2,7 @@
 # Arithmetic, config slicing and the lists of pluggable parts live in torch-free lmpipe modules
 # (lmpipe.config, lmpipe.registry), covered by pytest.
 
+import math
 import os
 import re
 import shlex
@@ -130,7 +131,8 @@ def get_hellaswag_arg(wildcards, input):
 def get_wandb_arg(wildcards, input):
     """`--wandb JSON` when the run sets logging.wandb. It takes `input` on purpose: Snakemake
     counts such a param as derived from the inputs and leaves it out of its rerun check, so
-    switching W&B on or off never retrains a finished run (tests/test_sweep_caching.py)."""
+    switching W&B on or off never retrains a finished run (tests/test_sweep_caching.py).
+    """
     settings = lmconfig.wandb_settings(config, wildcards.run)
     return f"--wandb {shlex.quote(settings)}" if settings else ""
 
@@ -146,6 +148,17 @@ def get_derived(wildcards, rule, key):
 
 
 # SLURM resources of the train rule, from a run's launch settings
+
+
+def get_train_priority(wildcards):
+    """The runs that train longest start first (their FLOPs on a log scale), so that a sweep's
+    biggest point does not start last and hold up the rest on a few cores or a small cluster.
+    """
+    rc = get_run(wildcards)
+    flops = lmplan.train_flops_per_token(rc.model, rc.train.seq_len)
+    return round(
+        10 * math.log10(1 + flops * rc.train.max_steps * rc.train.batch_tokens)
+    )
 
 
 def get_train_gres(wildcards):

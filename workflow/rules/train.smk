@@ -17,6 +17,7 @@ rule train:
         LAYOUT.log("train", "{run}"),
     benchmark:
         LAYOUT.benchmark("train", "{run}")
+    priority: get_train_priority
     conda:
         "../../envs/train.yaml"
     threads: lambda wc: get_run(wc).launch.procs_per_node
