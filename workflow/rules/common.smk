@@ -155,10 +155,11 @@ def get_train_priority(wildcards):
     biggest point does not start last and hold up the rest on a few cores or a small cluster.
     """
     rc = get_run(wildcards)
+    steps = rc.train.max_steps or lmplan.fine_tuning_steps(
+        config, rc
+    )  # fine-tuning: its epochs
     flops = lmplan.train_flops_per_token(rc.model, rc.train.seq_len)
-    return round(
-        10 * math.log10(1 + flops * rc.train.max_steps * rc.train.batch_tokens)
-    )
+    return round(10 * math.log10(1 + flops * steps * rc.train.batch_tokens))
 
 
 def get_train_gres(wildcards):
