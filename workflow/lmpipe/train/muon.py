@@ -111,7 +111,7 @@ def orthogonalise(
         return out
     mesh = updates[sharded[0]].device_mesh
     group, world, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
-    owners = {i: k % world for k, i in enumerate(sharded)}
+    owners = {i: k % world for k, i in enumerate(sharded)}  # 1. round robin, the same everywhere
 
     # 2. each owner gathers the shards of its matrices
     gathered, works = {}, []
