@@ -48,13 +48,16 @@ TRAIN = {
 }
 
 
-def config(ranks: int, **train) -> dict:
+def config(ranks: int, optimizer: dict | None = None, **train) -> dict:
     """The train rule's params (lmpipe.config.train_params) for a tiny run; defaults filled.
-    `lr`, `warmup_steps` and `lr_floor` go to the optimizer and the schedule."""
+    `lr`, `warmup_steps` and `lr_floor` go to the optimizer and the schedule; `optimizer`, if
+    given, replaces the AdamW one."""
     t = TRAIN | train
     t["optimizer"] = {"name": "adamw", "lr": t.pop("lr")}
     t["schedule"] = {"warmup_steps": t.pop("warmup_steps"), "lr_floor": t.pop("lr_floor")}
     t["optimizer"] |= {"weight_decay": 0.1, "betas": [0.9, 0.95], "eps": 1e-8, "fused": False}
+    if optimizer is not None:
+        t["optimizer"] = optimizer
     full = json.loads(json.dumps(dataclasses.asdict(train_config(t, "train"))))
     model = MODEL | {"vocab_size": 50257, "padded_vocab_size": 50304, "arch": "gpt2"}
     launch = {"device": "cpu", "nodes": 1, "procs_per_node": ranks, "peak_flops": 1e12}
@@ -244,6 +247,80 @@ def test_sigkill_after_checkpoint_then_restart_is_bit_identical(two_ranks, manif
     (restart,) = restarts.restarts
     assert (restart.cause, restart.resumed_step, restart.at_least) == ("killed", 4, True)
     assert restart.steps_redone == 0  # killed as its checkpoint appeared: nothing after it known
+
+
+# Muon (lmpipe.train.muon): Newton-Schulz in float32 here, so the two runs differ only by the
+# order of fp32 sums (bfloat16, the default, rounds those differences up to its own 2^-8)
+MUON = {"name": "muon", "lr": 0.02, "adam_lr": 3e-3, "ns_dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def two_ranks_muon(tmp_path_factory, manifest) -> Path:
+    """An uninterrupted 2-rank run with muon, the reference of the muon tests."""
+    out = tmp_path_factory.mktemp("two_ranks_muon")
+    run(config(2, optimizer=MUON), manifest, out)
+    return out
+
+
+@pytest.mark.slow
+def test_muon_on_two_fsdp_ranks_matches_one_process(two_ranks_muon, manifest, tmp_path):
+    """With muon, 2 ranks (each matrix gathered, orthogonalised on one rank, scattered back)
+    train the weights one process (every matrix a DTensor of one shard) does, within 1e-5 (Muon's
+    matrices: ~1e-6). The tied embedding is AdamW's, within 1e-4 as in the AdamW test above: a
+    few rows of rare tokens whose gradient is near 0 move by +-lr as sign(g / sqrt(v)) flips on
+    the reduction order's last bits (2e-5 seen)."""
+    one = tmp_path / "one"
+    run(config(1, optimizer=MUON), manifest, one)
+    np.testing.assert_allclose(losses(two_ranks_muon), losses(one), rtol=0, atol=1e-5)
+    assert losses(one)[-1] < losses(one)[0] - 0.1  # it trains
+    a, b = load_final(one), load_final(two_ranks_muon)
+    assert a.keys() == b.keys()
+    for name in a:
+        atol = 1e-4 if name in ("transformer.wte.weight", "lm_head.weight") else 1e-5
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=name)
+    meta = json.loads((two_ranks_muon / "final" / "meta.json").read_text())
+    assert meta["train"]["optimizer"]["name"] == "muon" and meta["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_muon_sigkill_after_checkpoint_then_restart_is_bit_identical(
+    two_ranks_muon, manifest, tmp_path
+):
+    """The momentum buffers are in the checkpoint (sharded, DCP): a run killed at step 4 and
+    resumed ends with the uninterrupted run's losses and weights, bit for bit."""
+    out = tmp_path / "killed"
+    cfg = config(2, optimizer=MUON)
+    kill_at_checkpoint(command(cfg, manifest, out), dict(os.environ, OMP_NUM_THREADS="1"), out, 4)
+    saved = checkpoint_tensors(out / "checkpoints" / "step_000004")
+    momentum = [k for k in saved if k.endswith(".momentum_buffer")]
+    assert len(momentum) == 4 * MODEL["n_layer"], sorted(saved)
+    assert all(saved[k].abs().sum() > 0 for k in momentum)
+
+    restart = run(cfg, manifest, out)
+    assert "resumed from" in restart.stderr and "step_000004" in restart.stderr
+    assert losses(out) == losses(two_ranks_muon)
+    a, b = load_final(out), load_final(two_ranks_muon)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """A DCP checkpoint's tensors by their flat key (`optim.state.<param>.<state>`), in one
+    process."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    copy = folder.parent.parent / f"{folder.name}.pt"
+    dcp_to_torch_save(folder, copy)
+    flat, todo = {}, [("", torch.load(copy, weights_only=False))]
+    while todo:
+        prefix, d = todo.pop()
+        for key, value in d.items():
+            if isinstance(value, dict):
+                todo.append((f"{prefix}{key}.", value))
+            elif isinstance(value, torch.Tensor):
+                flat[f"{prefix}{key}"] = value
+    return flat
 
 
 @pytest.mark.slow

@@ -53,6 +53,10 @@ class Architecture:
     # what convert writes of a run: "hf" (model/hf/, every architecture: the evaluations read it)
     # and "llmc" (model/llmc.bin, llm.c's format, which holds GPT-2 only)
     exports: tuple[str, ...] = ("hf",)
+    # the 2-D weights of a model's blocks() (what Muon orthogonalises), counted without torch:
+    # the config check refuses Muon on a model with none; None: not known before the job, which
+    # then refuses it itself (tests/test_optim.py checks the count against the model)
+    hidden_matrices: Callable[[Any], int] | None = None
 
 
 def gpt2_params(m: Any) -> int:
@@ -72,6 +76,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "OpenAI's GPT-2 as llm.c trains it (learned positions)",
             gpt2_params,
             exports=("hf", "llmc"),
+            hidden_matrices=lambda m: 4 * m.n_layer,  # c_attn, attn.c_proj, c_fc, mlp.c_proj
         ),
     )
 }
@@ -93,6 +98,39 @@ class AdamWSettings:
     fused: bool = setting(False, "the fused CUDA kernel (GPU runs)")
 
 
+# Muon's defaults: Keller Jordan's Muon (github.com/KellerJordan/Muon, muon.py: momentum 0.95,
+# nesterov, 5 Newton-Schulz steps in bfloat16; his README's lr 0.02 for the hidden matrices) and
+# modded-nanogpt's record of 2024-10-17 (records/101724_DistributedMuon/train_gpt2.py: a GPT-2
+# with the embedding tied to the LM head, as ours, gets AdamW at lr 0.0036, betas (0.9, 0.95),
+# no weight decay; the matrices Muon, no weight decay)
+@dataclass(frozen=True)
+class MuonSettings:
+    """Muon (Newton-Schulz-orthogonalised momentum) on the 2-D weights of the model's blocks,
+    AdamW on the rest (embeddings, the LM head, gains and biases); each group has its own peak
+    lr and the schedule's shape (lmpipe.train.muon)."""
+
+    name: str = required("muon", const="muon")
+    lr: float = required(
+        "Muon's peak learning rate, e.g. 0.02 (the schedule scales it)", exclusiveMinimum=0
+    )
+    momentum: float = setting(0.95, "Muon's momentum", minimum=0, exclusiveMaximum=1)
+    nesterov: bool = setting(True, "Nesterov momentum")
+    ns_steps: int = setting(5, "Newton-Schulz iterations", minimum=1, maximum=99)
+    ns_dtype: str = setting(
+        "bfloat16", "the Newton-Schulz iterations' dtype", enum=["bfloat16", "float32"]
+    )
+    weight_decay: float = setting(0.0, "decoupled weight decay of Muon's matrices", minimum=0)
+    adam_lr: float = setting(
+        3.6e-3, "peak learning rate of the AdamW groups (embeddings, head, gains, biases)",
+        exclusiveMinimum=0,
+    )  # fmt: skip
+    adam_weight_decay: float = setting(
+        0.0, "AdamW's weight decay, on its 2-D weights only (embeddings, head)", minimum=0
+    )
+    adam_betas: tuple[float, float] = setting((0.9, 0.95), "AdamW's (beta1, beta2)")
+    adam_eps: float = setting(1.0e-8, "AdamW's epsilon", exclusiveMinimum=0)
+
+
 @dataclass(frozen=True)
 class Optimizer:
     name: str
@@ -101,7 +139,11 @@ class Optimizer:
 
 
 OPTIMIZERS: dict[str, Optimizer] = {
-    o.name: o for o in (Optimizer("adamw", AdamWSettings, "lmpipe.train.optim:adamw"),)
+    o.name: o
+    for o in (
+        Optimizer("adamw", AdamWSettings, "lmpipe.train.optim:adamw"),
+        Optimizer("muon", MuonSettings, "lmpipe.train.muon:muon"),
+    )
 }
 
 

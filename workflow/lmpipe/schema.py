@@ -191,6 +191,18 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
+def check_muon(config: dict[str, Any], name: str, model: Any) -> None:
+    """Muon orthogonalises the 2-D weights of the model's blocks: a model with none is refused
+    (where the architecture counts them; otherwise the train job refuses it)."""
+    r = config["runs"][name]
+    count = ARCHITECTURES[model.arch].hidden_matrices
+    if r["train"]["optimizer"]["name"] == "muon" and count is not None and count(model) == 0:
+        raise ConfigError(
+            f"runs.{name}.train.optimizer.name: muon orthogonalises the 2-D weights of the"
+            f" model's blocks, and model {r['model']!r} ({model.arch}) has none: use adamw"
+        )
+
+
 def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
     """A fine-tuning run: conversations data, one base of the same model, steps from epochs."""
     r, where = config["runs"][name], f"runs.{name}"
@@ -280,6 +292,7 @@ def check_config(config: dict[str, Any]) -> None:
         elif "max_steps" not in r["train"]:
             raise ConfigError(f"{where}.train: 'max_steps' is required")
         rc = run_config(config, name)
+        check_muon(config, name, rc.model)
         if rc.train.seq_len > rc.model.block_size:
             raise ConfigError(
                 f"{where}.train.seq_len {rc.train.seq_len} exceeds the model's block_size"

@@ -1,0 +1,322 @@
+"""Muon (lmpipe.train.muon): its update against torch.optim.Muon's and AdamW's, its groups, each
+group's peak under the schedule, the config's refusals, and the Newton-Schulz step spread over
+3 gloo ranks (uneven shards) against the whole matrices of one process. The runs of the real
+trainer with muon (2 ranks against 1, a kill and resume) are in tests/test_train.py."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import yaml
+from test_optim import tiny_data, train_in_process, train_job
+from torch.optim._muon import _zeropower_via_newtonschulz
+
+from conftest import CONFIG_FILE
+from lmpipe import config as lmconfig
+from lmpipe import schema
+from lmpipe.config import ModelConfig
+from lmpipe.models import build_model
+from lmpipe.registry import ARCHITECTURES, MuonSettings
+from lmpipe.train import loop
+from lmpipe.train import muon as muon_module
+from lmpipe.train.muon import NS_COEFFICIENTS, Muon, newton_schulz
+from lmpipe.train.optim import build_optimizer, lr_at
+
+SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
+PER_LAYER = ["attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"]
+
+
+def settings(**kw) -> MuonSettings:
+    return MuonSettings(name="muon", lr=kw.pop("lr", 0.02), **kw)
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(ModelConfig(**SHAPE, vocab_size=256, padded_vocab_size=256))
+
+
+# ---- the update: torch's Muon and AdamW ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 48), (24, 24)], ids=["tall", "wide", "square"])
+def test_newton_schulz_in_bfloat16_is_torchs(shape):
+    """In bfloat16 it is torch.optim.Muon's own iteration, bit for bit (and near-orthogonal)."""
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    ours = newton_schulz(g, 5, torch.bfloat16)
+    assert torch.equal(ours, _zeropower_via_newtonschulz(g, NS_COEFFICIENTS, 5, 1e-7))
+    small = min(shape)
+    sv = torch.linalg.svdvals(newton_schulz(g, 5, torch.float32))
+    assert sv.shape == (small,) and 0.6 < sv.min() and sv.max() < 1.25  # Keller's ~U(0.5, 1.5)
+
+
+def test_a_muon_step_is_torch_muons_bit_for_bit():
+    """Three steps on a tall and a wide matrix: torch.optim.Muon (same lr, decay, momentum,
+    nesterov, bfloat16 Newton-Schulz, its default lr scale) lands on the same weights."""
+    gen = torch.Generator().manual_seed(2)
+    ours = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(12, 4), (4, 12)]]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    s = settings(lr=0.05, weight_decay=0.1)
+    opt = Muon([{"kind": "muon", "params": ours, "lr": s.lr, "weight_decay": s.weight_decay}], s)
+    ref = torch.optim.Muon(theirs, lr=0.05, weight_decay=0.1, momentum=0.95, nesterov=True)
+    for _ in range(3):
+        for a, b in zip(ours, theirs, strict=True):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        opt.step()
+        ref.step()
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+        assert opt.state[a]["momentum_buffer"].shape == a.shape
+
+
+def test_the_adamw_groups_step_as_torch_adamw():
+    """The non-Muon groups are AdamW: three steps equal torch.optim.AdamW's, decay included."""
+    gen = torch.Generator().manual_seed(3)
+    ours = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(6, 4), (4,)]]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    s = settings(adam_lr=1e-2, adam_weight_decay=0.1, adam_betas=(0.8, 0.9), adam_eps=1e-6)
+    opt = Muon([{"kind": "adamw", "params": ours, "lr": 1e-2, "weight_decay": 0.1}], s)
+    ref = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, betas=(0.8, 0.9), eps=1e-6)
+    for _ in range(3):
+        for a, b in zip(ours, theirs, strict=True):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        opt.step()
+        ref.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+        assert set(opt.state[a]) == set(ref.state[b]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+# ---- the groups ---------------------------------------------------------------------------------
+
+
+def test_muon_gets_the_blocks_matrices_and_adamw_the_rest(gpt2):
+    """Muon: the blocks' attention and MLP weight matrices only; AdamW: wte (= the tied LM head)
+    and wpe decayed at adam_weight_decay, gains and biases not; each group its own peak lr."""
+    s = settings(lr=0.03, weight_decay=0.01, adam_lr=2e-3, adam_weight_decay=0.05)
+    opt = build_optimizer(gpt2, s)
+    names = {id(p): n for n, p in gpt2.named_parameters()}
+    got = [(g["kind"], g["lr"], g["weight_decay"], {names[id(p)] for p in g["params"]})
+           for g in opt.param_groups]  # fmt: skip
+    matrices = {f"transformer.h.{i}.{n}" for i in range(2) for n in PER_LAYER}
+    embeddings = {"transformer.wte.weight", "transformer.wpe.weight"}
+    gains = set(names.values()) - matrices - embeddings
+    assert got == [
+        ("muon", 0.03, 0.01, matrices),
+        ("adamw", 2e-3, 0.05, embeddings),
+        ("adamw", 2e-3, 0.0, gains),
+    ]
+    assert all(n.endswith(".bias") or ".ln_" in n for n in gains), gains
+    assert gpt2.lm_head.weight is gpt2.transformer.wte.weight  # the head is wte: AdamW's
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(names)
+
+
+def test_the_registry_counts_the_models_muon_matrices(gpt2):
+    """ARCHITECTURES' hidden_matrices (what the config check refuses muon on) counts the 2-D
+    weights of the model's blocks, for 1 to 3 layers."""
+    count = ARCHITECTURES["gpt2"].hidden_matrices
+    for n_layer in (1, 2, 3):
+        m = build_model(ModelConfig(**SHAPE | {"n_layer": n_layer}, vocab_size=256,
+                                    padded_vocab_size=256))  # fmt: skip
+        held = [p for b in m.blocks() for p in b.parameters() if p.dim() == 2]
+        assert count(m.config) == len(held) == 4 * n_layer
+
+
+def test_a_model_without_block_matrices_is_refused_by_the_job():
+    """The job's own check (architectures that cannot count before the job): a model whose
+    blocks hold no 2-D weights gets a one-line error naming the key."""
+
+    class NoBlocks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = torch.nn.Embedding(8, 4)
+
+        def blocks(self) -> list[torch.nn.Module]:
+            return []
+
+    with pytest.raises(ValueError, match=r"^train\.optimizer\.name: muon .* has none") as e:
+        build_optimizer(NoBlocks(), settings())
+    assert "\n" not in str(e.value)
+
+
+def test_each_groups_peak_follows_the_schedule(tmp_path):
+    """The loop (1 rank, FSDP, 4 steps, warmup 2, floor 0.1) sets each group's lr to lr_at of
+    its own peak at every step: Muon's 0.02, AdamW's 4e-3."""
+    job = train_job(optimizer={"name": "muon", "lr": 0.02, "adam_lr": 4e-3})
+    seen = []
+
+    def recording(model, s):
+        opt = build_optimizer(model, s)
+        step = opt.step
+
+        def recorded(*args, **kwargs):
+            seen.append([g["lr"] for g in opt.param_groups])
+            return step(*args, **kwargs)
+
+        opt.step = recorded
+        return opt
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(loop, "build_optimizer", recording)
+        train_in_process(job, tiny_data(tmp_path), tmp_path / "train")
+    tc = job.train
+    peaks = [0.02, 4e-3, 4e-3]
+    expected = [[lr_at(i, p, tc.schedule, tc.max_steps) for p in peaks] for i in range(4)]
+    assert len(seen) == 4
+    for got, want in zip(seen, expected, strict=True):
+        assert got == pytest.approx(want, rel=1e-12)
+    assert seen[0] == pytest.approx([0.01, 2e-3, 2e-3])  # the schedule's shape, each its peak
+    rows = [json.loads(r) for r in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows if "loss" in r] == [e[0] for e in expected]  # Muon's is logged
+
+
+# ---- the config's refusals, before any job ------------------------------------------------------
+
+SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
+
+
+def muon_run(**optimizer) -> dict:
+    """The shipped config with run embedded-b on muon."""
+    cfg = copy.deepcopy(SHIPPED)
+    cfg["runs"]["embedded-b"]["train"]["optimizer"] = {"name": "muon", "lr": 0.02} | optimizer
+    return cfg
+
+
+def test_a_muon_run_passes_with_its_defaults_filled_in():
+    cfg = muon_run()
+    schema.validate(cfg)
+    opt = lmconfig.run_config(cfg, "embedded-b").train.optimizer
+    assert opt == settings()
+    assert (opt.momentum, opt.nesterov, opt.ns_steps, opt.adam_lr) == (0.95, True, 5, 3.6e-3)
+
+
+def test_an_unknown_muon_setting_is_refused_naming_it():
+    with pytest.raises(lmconfig.ConfigError) as e:
+        schema.validate(muon_run(ns_step=6))
+    text = str(e.value)
+    assert text.startswith(
+        "runs.embedded-b.train.optimizer: unknown key 'ns_step' (did you mean 'ns_steps'?)"
+    ), text
+    assert "\n" not in text
+
+
+def test_muon_on_a_model_without_block_matrices_is_refused_before_any_job(monkeypatch):
+    """An architecture whose models have no 2-D weights in their blocks (GPT-2 always has 4 a
+    layer, and n_layer >= 1: such a one stands in for it): the config check names the key."""
+    none = dataclasses.replace(ARCHITECTURES["gpt2"], hidden_matrices=lambda m: 0)
+    monkeypatch.setitem(ARCHITECTURES, "gpt2", none)
+    schema.validate(copy.deepcopy(SHIPPED))  # adamw runs on it are fine
+    with pytest.raises(lmconfig.ConfigError) as e:
+        schema.validate(muon_run())
+    assert str(e.value) == (
+        "runs.embedded-b.train.optimizer.name: muon orthogonalises the 2-D weights of the"
+        " model's blocks, and model 'tiny' (gpt2) has none: use adamw"
+    )
+
+
+# ---- the Newton-Schulz step over ranks ----------------------------------------------------------
+
+RANKS, STEPS = 3, 2
+# n_embd 20 splits unevenly over 3 ranks: attn.c_proj's 20 rows as 7 + 7 + 6, c_fc's 80 as
+# 27 + 27 + 26 (c_attn's 60: 20 each)
+SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 20, "block_size": 16, "vocab_size": 64,
+         "padded_vocab_size": 64}  # fmt: skip
+SETTINGS = {"lr": 0.05, "weight_decay": 0.1, "ns_dtype": "float32", "adam_weight_decay": 0.1}
+
+
+def grads(model: torch.nn.Module, step: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    return {n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
+
+
+def sharded_steps(rank: int, store: str, out: str) -> None:
+    """One of RANKS processes: the small GPT-2 sharded with lmpipe's FSDP2, STEPS Muon steps on
+    fixed gradients; writes its Newton-Schulz calls and (rank 0) the full weights."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from lmpipe.train.parallel import parallelize
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS)
+    calls = []
+    real = muon_module.newton_schulz
+
+    def counted(g, steps, dtype):
+        calls.append(list(g.shape))
+        return real(g, steps, dtype)
+
+    muon_module.newton_schulz = counted
+    torch.manual_seed(0)
+    model = parallelize(build_model(ModelConfig(**SMALL)), torch.device("cpu"), "float32", False)
+    opt = build_optimizer(model, settings(**SETTINGS))
+    for step in range(STEPS):
+        full = grads(model, step)
+        for n, p in model.named_parameters():
+            p.grad = distribute_tensor(full[n], p.device_mesh, [Shard(0)], src_data_rank=None)
+        opt.step()
+        calls.append("step")
+    weights = {n: p.full_tensor() for n, p in model.named_parameters()}
+    if rank == 0:
+        torch.save(weights, Path(out) / "weights.pt")
+    (Path(out) / f"calls_{rank}.json").write_text(json.dumps(calls))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("muon_ranks")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(sharded_steps, args=(str(out / "store"), str(out)), nprocs=RANKS, join=True)
+    return out
+
+
+@pytest.mark.slow
+def test_sharded_newton_schulz_equals_the_whole_matrices(sharded):
+    """3 ranks, each holding a third of every matrix's rows, land where one process does with
+    the whole matrices (plain tensors, no FSDP): each matrix is orthogonalised whole."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**SMALL))
+    opt = build_optimizer(model, settings(**SETTINGS))
+    for step in range(STEPS):
+        full = grads(model, step)
+        for n, p in model.named_parameters():
+            p.grad = full[n]
+        opt.step()
+    weights = torch.load(sharded / "weights.pt", weights_only=True)
+    assert weights.keys() == dict(model.named_parameters()).keys()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(weights[n], p.detach(), rtol=0, atol=1e-6, msg=n)
+    torch.manual_seed(0)
+    start = build_model(ModelConfig(**SMALL)).state_dict()
+    assert not torch.equal(weights["transformer.h.0.mlp.c_fc.weight"],
+                           start["transformer.h.0.mlp.c_fc.weight"])  # fmt: skip
+
+
+@pytest.mark.slow
+def test_each_matrix_is_orthogonalised_on_one_rank(sharded):
+    """Every step, the 8 matrices are orthogonalised once each, whole, spread round robin
+    (3, 3, 2 on ranks 0-2), not repeated on every rank."""
+    C = SMALL["n_embd"]
+    shapes = [[3 * C, C], [C, C], [4 * C, C], [C, 4 * C]] * SMALL["n_layer"]  # the group's order
+    per_rank = []
+    for rank in range(RANKS):
+        calls = json.loads((sharded / f"calls_{rank}.json").read_text())
+        steps = [[]]
+        for c in calls:
+            steps[-1].append(c) if c != "step" else steps.append([])
+        assert steps[-1] == [] and len(steps) == STEPS + 1
+        per_rank.append(steps[:-1])
+    for step in range(STEPS):
+        for rank in range(RANKS):
+            assert per_rank[rank][step] == shapes[rank::RANKS], (step, rank)
+        assert sum(len(per_rank[r][step]) for r in range(RANKS)) == len(shapes)

@@ -1,0 +1,250 @@
+"""Muon for the blocks' 2-D matrices, AdamW for the rest, as one optimizer (`train.optimizer:
+{name: muon}`), and its Newton-Schulz step spread over the FSDP ranks.
+
+Muon (Keller Jordan, https://kellerjordan.github.io/posts/muon/; modded-nanogpt's speedruns) keeps
+a momentum of each matrix's gradient and steps along its orthogonalisation: the nearest
+(semi-)orthogonal matrix, roughly U V^T of its SVD, found with a few quintic Newton-Schulz
+iterations. The update of one matrix is torch.optim.Muon's (torch 2.13), op for op:
+
+    buf <- lerp(buf, g, 1 - momentum);  u <- lerp(g, buf, momentum) if nesterov else buf
+    p <- p (1 - lr wd) - lr sqrt(max(1, rows / cols)) NS(u)
+
+(tests/test_optim.py holds it equal to torch's, bit for bit). Three groups, each with its own
+peak `lr` (the loop scales every group by the schedule, lmpipe.train.optim.lr_at):
+
+- `muon`: the 2-D parameters of `model.blocks()` (attention's and the MLP's weight matrices):
+  `lr`, `weight_decay`;
+- `adamw`, decayed: the other 2-D parameters (token and position embeddings, the LM head, tied to
+  the token embedding in GPT-2): `adam_lr`, `adam_weight_decay`;
+- `adamw`, not decayed: gains and biases (1-D): `adam_lr`.
+
+One torch.optim.Optimizer with per-parameter state (`momentum_buffer`; AdamW's `step`,
+`exp_avg`, `exp_avg_sq`) keeps the loop's schedule and DCP's optimizer state dict as they are for
+AdamW: the state is checkpointed sharded and a resumed run continues bit for bit.
+
+Sharding. Under FSDP2 (lmpipe.train.parallel) every parameter, its gradient and so its momentum
+is a DTensor sharded on dim 0: each rank holds a block of rows. The momentum and AdamW are
+elementwise and stay sharded. Newton-Schulz is not: X X^T mixes every row, and orthogonalising
+each rank's rows on their own gives another matrix (rows orthonormal among themselves, not as a
+whole), so torch.optim.Muon cannot run on the shards. Gathering every matrix on every rank
+(`full_tensor()`) would repeat all the work on each. Instead, each optimizer step:
+
+1. matrix k of the group (the same order on every rank) has an owner, rank k % world_size;
+2. every rank sends its rows of update k to the owner (`dist.gather`, each shard padded to
+   torch.chunk's row count, all matrices in flight at once): the owner holds the whole matrix;
+3. each rank runs Newton-Schulz on the matrices it owns only: 1/world_size of the work;
+4. the owner sends each rank its rows of the result (`dist.scatter`), and every rank applies its
+   own rows of the update.
+
+Each matrix crosses the network twice, as an all-gather and a reduce-scatter of it would, in the
+update's dtype. Round robin balances the work when a model's matrices come in runs of equal
+shapes (GPT-2's four a block); it ignores their sizes. A plain (unsharded) tensor is its own
+whole matrix and needs no communication. One process under FSDP holds DTensors of one shard and
+takes the same path with world size 1 (the gathers and scatters copy locally).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+from torch.optim.adamw import adamw
+
+from lmpipe.registry import MuonSettings
+
+# Keller Jordan's quintic coefficients (torch.optim._muon's DEFAULT_A/B/C): they maximise the
+# slope at zero, so 5 steps bring every singular value near 1 (to ~0.7-1.2, not exactly 1)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+
+
+def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
+    """The orthogonalisation of a whole 2-D matrix `g`, in `dtype`: torch.optim._muon's
+    `_zeropower_via_newtonschulz`, op for op (tested equal in bfloat16), which always computes in
+    bfloat16; here float32 too (the CPU tests compare ranks in it)."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype)
+    tall = g.size(0) > g.size(1)
+    if tall:  # iterate on the smaller Gram matrix
+        x = x.T
+    x = x / x.norm().clamp(min=NS_EPS)  # spectral norm <= Frobenius norm = 1
+    for _ in range(steps):
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
+        x = torch.addmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
+    return x.T if tall else x
+
+
+def rows_of(n: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The rows [start, end) a rank holds of a dim-0 shard of n rows (torch.chunk's split, which
+    DTensor's Shard(0) and FSDP2 use: ceil(n / world_size) rows a rank, the last ones fewer)."""
+    per = math.ceil(n / world_size)
+    start = min(rank * per, n)
+    return start, min(start + per, n)
+
+
+def _padded(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`t` with zero rows added up to `rows` (gloo's gather and scatter want equal sizes)."""
+    if t.shape[0] == rows:
+        return t.contiguous()
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+def orthogonalise(
+    updates: list[torch.Tensor], steps: int, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """Newton-Schulz of each whole update; returns this rank's rows of each (its local shard, in
+    the update's dtype). Sharded updates are gathered on their owners (the module docstring)."""
+    out: list[torch.Tensor | None] = [None] * len(updates)
+    sharded = []
+    for i, u in enumerate(updates):
+        if isinstance(u, DTensor):
+            if u.device_mesh.ndim != 1 or tuple(u.placements) != (Shard(0),):
+                raise ValueError(f"muon: expected a 1-D mesh, Shard(0); got {u.placements}")
+            sharded.append(i)
+        else:
+            out[i] = newton_schulz(u, steps, dtype).to(u.dtype)
+    if not sharded:
+        return out
+    mesh = updates[sharded[0]].device_mesh
+    group, world, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+    owners = {i: k % world for k, i in enumerate(sharded)}  # 1. round robin, the same everywhere
+
+    # 2. each owner gathers the shards of its matrices
+    gathered, works = {}, []
+    for i in sharded:
+        u, owner = updates[i], owners[i]
+        local = u.to_local()
+        start, end = rows_of(u.shape[0], world, rank)
+        assert local.shape[0] == end - start, (local.shape, u.shape, world)
+        send = _padded(local, math.ceil(u.shape[0] / world))
+        parts = [torch.empty_like(send) for _ in range(world)] if rank == owner else None
+        works.append(dist.gather(send, parts, group=group, group_dst=owner, async_op=True))
+        gathered[i] = parts
+    for w in works:
+        w.wait()
+
+    # 3. the owner orthogonalises its whole matrices
+    results = {}
+    for i in sharded:
+        if owners[i] == rank:
+            u = updates[i]
+            full = torch.cat(gathered[i])[: u.shape[0]]
+            o = newton_schulz(full, steps, dtype).to(u.dtype)
+            per = math.ceil(u.shape[0] / world)
+            results[i] = list(_padded(o, per * world).split(per))
+
+    # 4. and sends each rank its rows back
+    received, works = {}, []
+    for i in sharded:
+        u = updates[i]
+        mine = torch.empty(math.ceil(u.shape[0] / world), *u.shape[1:], dtype=u.dtype,
+                           device=u.to_local().device)  # fmt: skip
+        works.append(
+            dist.scatter(mine, results.get(i), group=group, group_src=owners[i], async_op=True)
+        )
+        received[i] = mine
+    for w in works:
+        w.wait()
+    for i in sharded:
+        start, end = rows_of(updates[i].shape[0], world, rank)
+        out[i] = received[i][: end - start]
+    return out
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon on the groups of kind "muon", AdamW (torch's functional adamw) on those of kind
+    "adamw"; sharded (DTensor) or plain parameters."""
+
+    def __init__(self, groups: list[dict[str, Any]], s: MuonSettings) -> None:
+        defaults = {
+            "momentum": s.momentum,
+            "nesterov": s.nesterov,
+            "ns_steps": s.ns_steps,
+            "ns_dtype": s.ns_dtype,
+            "betas": tuple(s.adam_betas),
+            "eps": s.adam_eps,
+        }
+        super().__init__(groups, defaults)
+        for group in self.param_groups:
+            if group["kind"] == "muon" and any(p.dim() != 2 for p in group["params"]):
+                raise ValueError("muon: the Muon group holds 2-D matrices only")
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        assert closure is None, "muon: no closure"
+        for group in self.param_groups:
+            if group["kind"] == "muon":
+                self._muon(group)
+            else:
+                self._adamw(group)
+
+    def _muon(self, group: dict[str, Any]) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        momentum, updates = group["momentum"], []
+        for p in params:
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad)
+            buf = state["momentum_buffer"]
+            buf.lerp_(p.grad, 1 - momentum)  # elementwise: on the shards
+            updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
+        dtype = getattr(torch, group["ns_dtype"])
+        lr, wd = group["lr"], group["weight_decay"]
+        for p, o in zip(params, orthogonalise(updates, group["ns_steps"], dtype), strict=True):
+            rows, cols = p.shape
+            local = p.to_local() if isinstance(p, DTensor) else p  # this rank's rows, in place
+            local.mul_(1 - lr * wd)
+            # Keller Jordan's scale (torch's adjust_lr_fn "original"): a tall matrix's update
+            # has the RMS of a square one's
+            local.add_(o, alpha=-lr * math.sqrt(max(1.0, rows / cols)))
+
+    def _adamw(self, group: dict[str, Any]) -> None:
+        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:  # as torch.optim.AdamW lays out its state
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        beta1, beta2 = group["betas"]
+        adamw(
+            params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, beta1=beta1,
+            beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+            maximize=False,
+        )  # fmt: skip
+
+
+def muon_groups(model: torch.nn.Module, s: MuonSettings) -> list[dict[str, Any]]:
+    """The three groups (module docstring): Muon's are the 2-D parameters of `model.blocks()`."""
+    hidden = {id(p) for block in model.blocks() for p in block.parameters() if p.dim() == 2}
+    if not hidden:
+        raise ValueError(
+            "train.optimizer.name: muon orthogonalises the 2-D weights of the model's blocks,"
+            " and this model has none (use adamw)"
+        )
+    params = list(model.parameters())  # a tied weight appears once
+    groups = [
+        {"kind": "muon", "params": [p for p in params if id(p) in hidden],
+         "lr": s.lr, "weight_decay": s.weight_decay},
+        {"kind": "adamw", "params": [p for p in params if id(p) not in hidden and p.dim() >= 2],
+         "lr": s.adam_lr, "weight_decay": s.adam_weight_decay},
+        {"kind": "adamw", "params": [p for p in params if p.dim() < 2],
+         "lr": s.adam_lr, "weight_decay": 0.0},
+    ]  # fmt: skip
+    return [g for g in groups if g["params"]]
+
+
+def muon(model: torch.nn.Module, s: MuonSettings) -> Muon:
+    """The `muon` optimizer of lmpipe.registry.OPTIMIZERS."""
+    return Muon(muon_groups(model, s), s)
