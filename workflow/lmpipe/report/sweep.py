@@ -177,24 +177,29 @@ def ladder_figure(fit: Fit | None, points: list[dict[str, Any]], marks: list[dic
     """Val loss against compute, log-log: the points, the fit out to the presets, their marks."""
     fig, ax = plt.subplots(figsize=(9, 5))
     ax.plot([p["compute"] for p in points], [p["loss"] for p in points], "o", ms=8, label="points")
-    for p in points:
+    for i, p in enumerate(points):  # labels above and below by turns: neighbours lie close
         ax.annotate(p["run"].split("/", 1)[-1], (p["compute"], p["loss"]), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+                    xytext=(4, 4 if i % 2 == 0 else -11), textcoords="offset points")  # fmt: skip
     if fit is not None:
         hi = max([p["compute"] for p in points] + [m["compute"] for m in marks])
         # float: FLOPs in the params are ints, past int64 for the presets
         xs = np.geomspace(float(min(p["compute"] for p in points)), float(hi), 200)
         ax.plot(xs, fit.loss(xs), "-", color="C1",
                 label=f"fit: L = {fit.a:.3g}·C^-{fit.b:.3f} + {fit.e:.3f}")  # fmt: skip
-        for m in marks:
-            ax.plot(m["compute"], m["predicted"], "x", ms=10, mew=2, color="C3")
-            ax.annotate(f"{m['run']}: fit {m['predicted']:.2f}", (m["compute"], m["predicted"]),
-                        fontsize=8, xytext=(4, 6), textcoords="offset points")  # fmt: skip
-    for m in marks:
-        if m["published"] is not None:
-            ax.plot(m["compute"], m["published"], "*", ms=12, color="0.3")
-            ax.annotate(f"{m['reference']}: {m['published']}", (m["compute"], m["published"]),
-                        fontsize=8, xytext=(4, -12), textcoords="offset points")  # fmt: skip
+        # short labels, centred on their marks (the presets lie only ~10x apart in compute; the
+        # table above the figure has the figures in full)
+        for i, m in enumerate(marks):
+            ax.plot(m["compute"], m["predicted"], "x", ms=10, mew=2, color="C3",
+                    label=None if i else "the presets on the fit")  # fmt: skip
+            ax.annotate(f"{m['run']} {m['predicted']:.2f}", (m["compute"], m["predicted"]),
+                        fontsize=8, xytext=(0, 9), textcoords="offset points",
+                        ha="center")  # fmt: skip
+    published = [m for m in marks if m["published"] is not None]
+    for i, m in enumerate(published):
+        ax.plot(m["compute"], m["published"], "*", ms=12, color="0.3",
+                label=None if i else "llm.c's published val loss")  # fmt: skip
+        ax.annotate(f"{m['published']}", (m["compute"], m["published"]), fontsize=8,
+                    xytext=(0, -14), textcoords="offset points", ha="center")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set(xlabel="training compute C (FLOPs: 6N + 6LCT a token)", ylabel="final val loss",
