@@ -105,7 +105,8 @@ def get_report_inputs(wildcards):
 def get_train_inputs(wildcards):
     """The data (token shards, or a fine-tuning run's conversations); for fine-tuning, the
     starting weights: the base run's final checkpoint or a Hugging Face folder; with
-    train.eval_every, the HellaSwag items of the run's eval.hellaswag.file."""
+    train.eval_every, the HellaSwag items of the run's eval.hellaswag.file; with
+    train.eval_tasks, the suite's data (the evaluate rule's `suite` input)."""
     run = get_run(wildcards)
     if not run.fine_tuning:
         inputs = {"data": LAYOUT.tokens_manifest(run.dataset)}
@@ -114,6 +115,8 @@ def get_train_inputs(wildcards):
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
     if run.train.eval_every > 0:
         inputs["hellaswag"] = config["hellaswag"][run.eval["hellaswag"].file]
+    if run.train.eval_tasks:
+        inputs["suite"] = LAYOUT.suite_manifest()
     return inputs
 
 
@@ -127,10 +130,17 @@ def get_hellaswag_arg(wildcards, input):
     return f"--hellaswag {shlex.quote(input.hellaswag)}" if "hellaswag" in keys else ""
 
 
+def get_suite_arg(wildcards, input):
+    """The suite tasks during training (train.eval_tasks): the suite's data manifest."""
+    keys = input.keys()
+    return f"--suite {shlex.quote(input.suite)}" if "suite" in keys else ""
+
+
 def get_wandb_arg(wildcards, input):
     """`--wandb JSON` when the run sets logging.wandb. It takes `input` on purpose: Snakemake
     counts such a param as derived from the inputs and leaves it out of its rerun check, so
-    switching W&B on or off never retrains a finished run (tests/test_sweep_caching.py)."""
+    switching W&B on or off never retrains a finished run (tests/test_sweep_caching.py).
+    """
     settings = lmconfig.wandb_settings(config, wildcards.run)
     return f"--wandb {shlex.quote(settings)}" if settings else ""
 
