@@ -140,9 +140,12 @@ def score_task(
     batch_rows: int = 32,
     device: str | torch.device = "cpu",
     show_progress: bool = True,
+    rows: list[Row] | None = None,
 ) -> TaskScore:
-    """The per-item log-likelihoods, choices and right/wrong calls of one task."""
-    rows = item_rows(data.items, enc)
+    """The per-item log-likelihoods, choices and right/wrong calls of one task. `rows`: the
+    items' rows as `item_rows` makes them, when the caller keeps them (an eval repeated during
+    training tokenizes once)."""
+    rows = item_rows(data.items, enc) if rows is None else rows
     with tqdm(total=len(rows), desc=data.name, unit="choice", disable=not show_progress) as bar:
         ll = row_logprobs(model, rows, batch_rows, device, bar)
     score = TaskScore(data.name, [], [], [], [], [], dict(data.subjects))
