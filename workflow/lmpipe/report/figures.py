@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on compute nodes; must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lmpipe.registry import SUITE_TASKS  # noqa: E402
 from lmpipe.report.references import references_with  # noqa: E402
 from lmpipe.report.runs import Run  # noqa: E402
 
@@ -151,4 +152,78 @@ def hellaswag_figure(runs: list[Run]) -> str | None:
     ax.set(xlabel="tokens trained", ylabel="HellaSwag acc_norm", title="HellaSwag during training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+# the references of the suite tasks during training: the same-size models of lm-eval's table
+SUITE_REFERENCES = ("OPT-125M (lm-eval)", "OPT-350M (lm-eval)")
+
+
+def suite_references(task: str) -> list[tuple[str, float]]:
+    """(label, figure) of SUITE_REFERENCES that publish `task` (lmpipe.report.references, key
+    `suite/<task>`: the task's headline metric), a split other than the runs' named."""
+    out = []
+    for r in references_with(f"suite/{task}"):
+        if r.name in SUITE_REFERENCES:
+            split = f", {r.splits[task]} split" if task in r.splits else ""
+            out.append(
+                (f"{r.name}: {r.figures[f'suite/{task}']:.1%}{split}", r.figures[f"suite/{task}"])
+            )
+    return out
+
+
+def suite_tasks_logged(runs: list[Run]) -> list[str]:
+    """The suite tasks any run scored during training (train.eval_tasks), registry order."""
+    logged = {key[len("suite/") :] for r in runs for row in r.suite_curve for key in row}
+    return [t for t in SUITE_TASKS if t in logged]
+
+
+def _headline(runs: list[Run], task: str) -> str:
+    """A task's metric as the runs' suite result files name it (acc_norm where lm-eval's task
+    has it, else acc), read there: the report knows no task definitions."""
+    for r in runs:
+        headline = (r.evals.get("suite") or {}).get("tasks", {}).get(task, {}).get("headline")
+        if headline:
+            return headline
+    return "acc_norm, else acc"
+
+
+def suite_figure(runs: list[Run]) -> str | None:
+    """The suite tasks scored during training (train.eval_tasks) against tokens, one panel a
+    task, a line a run that scored it, as the HellaSwag figure (the 95% band of so few items),
+    with OPT-125M's and OPT-350M's published figures where lm-eval's table has the task and the
+    chance level (one over the choices); None when no run scored any."""
+    tasks = suite_tasks_logged(runs)
+    if not tasks:
+        return None
+    colors = _colors([r for r in runs if r.suite_curve])
+    cols = min(2, len(tasks))
+    rows_ = math.ceil(len(tasks) / cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(7 * cols, 3.4 * rows_), squeeze=False)
+    for ax in axes.flat[len(tasks) :]:
+        ax.set_visible(False)
+    for ax, task in zip(axes.flat, tasks, strict=False):
+        key = f"suite/{task}"
+        for r in runs:
+            rows = [row for row in r.suite_curve if key in row]
+            if not rows:
+                continue
+            xs, ys = [row["tokens"] for row in rows], [row[key] for row in rows]
+            items = [row.get(f"{key}_items") for row in rows]
+            label = r.name + (f" ({items[-1]:,} items)" if items[-1] else "")
+            ax.plot(xs, ys, "o-", color=colors[r.name], ms=3, label=label)
+            if all(items):
+                half = [1.96 * math.sqrt(y * (1 - y) / n) for y, n in zip(ys, items, strict=True)]
+                lo = [y - h for y, h in zip(ys, half, strict=True)]
+                hi = [y + h for y, h in zip(ys, half, strict=True)]
+                ax.fill_between(xs, lo, hi, color=colors[r.name], alpha=0.12, lw=0)
+        _reference_lines(ax, suite_references(task))
+        choices = SUITE_TASKS[task].choices
+        ax.axhline(1 / choices, color="0.75", lw=3, label=f"chance ({choices} choices)")
+        ax.set(
+            xlabel="tokens trained", ylabel=_headline(runs, task), title=f"{task} during training"
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
     return _png(fig)

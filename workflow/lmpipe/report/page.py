@@ -27,7 +27,13 @@ import jinja2
 from lmpipe.files import write_text_atomic
 from lmpipe.paths import REPORT_TEMPLATES, Layout
 from lmpipe.report.comparison import compare
-from lmpipe.report.figures import hellaswag_figure, loss_figure, lr_figure, throughput_figure
+from lmpipe.report.figures import (
+    hellaswag_figure,
+    loss_figure,
+    lr_figure,
+    suite_figure,
+    throughput_figure,
+)
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import (
     Run,
@@ -246,6 +252,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         "lr": lr_figure(runs),
         "throughput": throughput_figure(runs),
         "hellaswag": hellaswag_figure(runs),
+        "suite": suite_figure(runs),
     }
     settings = settings_table(runs)
     kinds = {}

@@ -34,12 +34,15 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """metrics.jsonl split into train, val and hellaswag lines, one per step, ordered by step.
+    """metrics.jsonl split into train, val, hellaswag and suite (the train.eval_tasks: keys
+    `suite/<task>`) lines, one per step, ordered by step.
 
     A resumed run logs again the steps after its last checkpoint: the later line wins. The last
     line may be half written while training runs, so it alone may be unreadable.
     """
-    kinds: dict[str, dict[int, dict[str, Any]]] = {"train": {}, "val": {}, "hellaswag": {}}
+    kinds: dict[str, dict[int, dict[str, Any]]] = {
+        "train": {}, "val": {}, "hellaswag": {}, "suite": {},
+    }  # fmt: skip
     if not path.exists():
         return {k: [] for k in kinds}
     for i, row in read_json_lines(path)[0]:
@@ -49,11 +52,13 @@ def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
             kinds["val"][row["step"]] = row
         elif "hellaswag" in row:
             kinds["hellaswag"][row["step"]] = row
+        elif any(key.startswith("suite/") for key in row):
+            kinds["suite"][row["step"]] = row
         elif "loss" in row:
             kinds["train"][row["step"]] = row
         else:
             raise ValueError(
-                f"{path}:{i}: neither a train, val nor hellaswag line: {str(row)[:80]!r}"
+                f"{path}:{i}: neither a train, val, hellaswag nor suite line: {str(row)[:80]!r}"
             )
     return {k: [rows[s] for s in sorted(rows)] for k, rows in kinds.items()}
 
@@ -67,6 +72,7 @@ class Run:
     train: list[dict[str, Any]] = field(default_factory=list)
     val: list[dict[str, Any]] = field(default_factory=list)
     hellaswag_curve: list[dict[str, Any]] = field(default_factory=list)
+    suite_curve: list[dict[str, Any]] = field(default_factory=list)  # train.eval_tasks' lines
     provenance: dict[str, Any] | None = None
     meta: dict[str, Any] | None = None
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -104,7 +110,9 @@ class Run:
 def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
     train_dir = Path(layout.train_dir(name))
     metrics = read_metrics(Path(layout.metrics(name)))
-    run = Run(name, settings, metrics["train"], metrics["val"], metrics["hellaswag"])
+    run = Run(
+        name, settings, metrics["train"], metrics["val"], metrics["hellaswag"], metrics["suite"]
+    )
     run.provenance = read_json(train_dir / "provenance.json")
     run.restarts = summarise(read_attempts(Path(layout.attempts(name))))
     run.meta = read_json(Path(layout.final_checkpoint(name)) / "meta.json")

@@ -4,7 +4,8 @@ A worker (`torchrun -m lmpipe.train.pretrain`, or `lmpipe.chat.finetune`) builds
 loaders, the steps and schedule, the starting weights, which targets count) and calls `run`.
 The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens`, the optimizer of
 `train.optimizer` with the schedule's lr, gradient clipping, validation every `val_every` steps,
-HellaSwag every `eval_every` steps (llm.c's in-training eval), a DCP checkpoint every
+HellaSwag every `eval_every` steps (llm.c's in-training eval) and, at the same steps, the suite
+tasks of `eval_tasks` (lmpipe.train.suite), a DCP checkpoint every
 `checkpoint_every` steps. A NaN/inf loss stops the run with an error;
 SIGUSR1/SIGTERM save a checkpoint and exit with EXIT_STOPPED, for a retry to resume.
 
@@ -47,6 +48,7 @@ from lmpipe.train.hellaswag import hellaswag_correct, hellaswag_share
 from lmpipe.train.metrics import Metrics, WandbRun
 from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
 from lmpipe.train.parallel import Dist, die_with_parent, init_distributed, local_numel, parallelize
+from lmpipe.train.suite import suite_shares, task_correct
 from lmpipe.train.wandb_log import run_config as wandb_config
 
 log = logging.getLogger("lmpipe.train")
@@ -54,8 +56,8 @@ log = logging.getLogger("lmpipe.train")
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retry resumes
 # train settings that never change the trajectory (logging, evaluation and checkpointing only)
 NOT_TRAJECTORY = (
-    "val_every", "val_tokens", "eval_every", "eval_items", "checkpoint_every", "keep_checkpoints",
-    "checkpoint_async",
+    "val_every", "val_tokens", "eval_every", "eval_items", "eval_tasks", "eval_task_items",
+    "checkpoint_every", "keep_checkpoints", "checkpoint_async",
 )  # fmt: skip
 
 
@@ -186,9 +188,11 @@ def run(
     fresh_start: bool = False,
     hellaswag: Path | None = None,
     wandb: WandbConfig | None = None,
+    suite: Path | None = None,
 ) -> int:
     """Run (or resume) the training of one run; returns the process exit code. `hellaswag`: the
-    items file of HellaSwag during training (train.eval_every > 0); `wandb`: logging.wandb."""
+    items file of HellaSwag during training (train.eval_every > 0); `wandb`: logging.wandb;
+    `suite`: the suite's data manifest (train.eval_tasks)."""
     tc = task.train
     check_compiler(job)
     share = None
@@ -199,6 +203,14 @@ def run(
                 " needs its items file (--hellaswag)"
             )
         share = hellaswag_share(load_items(hellaswag, tc.eval_items), d.rank, d.world_size)
+    suite_tasks = []  # this rank's share of each train.eval_tasks task
+    if tc.eval_tasks:
+        if suite is None or share is None:
+            raise ValueError(
+                f"runs.{job.run}.train.eval_tasks: the suite tasks are scored with HellaSwag"
+                " during training: they need train.eval_every > 0 and the suite's data (--suite)"
+            )
+        suite_tasks = suite_shares(suite, tc.eval_tasks, tc.eval_task_items, d.rank, d.world_size)
     accum = tc.grad_accum_steps(d.world_size)
     digest = trajectory_hash(job, task, d.world_size)
     peak = peak_flops(job, d.device)  # a device's FLOP/s, for MFU
@@ -233,13 +245,14 @@ def run(
         )
         if fresh_start:
             ckpt.retire_all()
-        step, tokens, wall_before, eval_total = 0, 0, 0.0, 0.0
+        step, tokens, wall_before, eval_total, suite_total = 0, 0, 0.0, 0.0, 0.0
         resume = ckpt.find_resume()
         if resume is not None:
             state = ckpt.load(resume, model, optimizer)
             loader.load_state_dict(state["loader"])
             step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
-            eval_total = state.get("eval_s", 0.0)  # seconds of HellaSwag during training
+            eval_total = state.get("eval_s", 0.0)  # seconds of the evals during training
+            suite_total = state.get("suite_s", 0.0)  # of which the suite tasks'
             log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
         w = WandbRun(wandb, job.run, digest, wandb_config(job, tc)) if wandb else None
         metrics = Metrics(out, step, d.is_main, w)
@@ -267,13 +280,13 @@ def run(
                 print(f"step {step:5d}/{tc.max_steps} | val loss {val_loss:.4f}", flush=True)
 
         def hellaswag_eval() -> None:
-            """HellaSwag on the model as it is now; its cost printed as a share of the wall."""
-            nonlocal eval_total
+            """HellaSwag and the suite tasks on the model as it is now; their cost printed as a
+            share of the wall time."""
+            nonlocal eval_total, suite_total
             t0 = time.time()
             right_norm, right = hellaswag_correct(model, share, tc.micro_batch, d.device)
             took = time.time() - t0
-            eval_total += took
-            wall, n = wall_s(), share.total
+            n = share.total
             metrics.write(
                 {
                     "step": step,
@@ -282,16 +295,51 @@ def run(
                     "hellaswag_acc": right / n,
                     "hellaswag_items": n,
                     "eval_s": took,
-                    "wall_s": wall,
+                    "wall_s": wall_s(),
                 }
             )
             if d.is_main:
                 print(
                     f"step {step:5d}/{tc.max_steps} | hellaswag acc_norm {right_norm / n:.4f}"
-                    f" ({right_norm}/{n}) | {took:.2f} s; all evals {eval_total:.1f} s ="
-                    f" {eval_total / wall:.1%} of the wall time so far",
+                    f" ({right_norm}/{n}) | {took:.2f} s",
                     flush=True,
                 )
+            suite_took = suite_eval() if suite_tasks else 0.0
+            eval_total += took + suite_took
+            suite_total += suite_took
+            if d.is_main:  # the cost: every eval so far against the wall time so far
+                now = f"hellaswag {took:.2f} s" + (
+                    f" + suite {suite_took:.2f} s" if suite_tasks else ""
+                )
+                so_far = f" (suite {suite_total:.1f} s)" if suite_tasks else ""
+                print(
+                    f"step {step:5d}/{tc.max_steps} | evals {now}; all evals {eval_total:.1f} s"
+                    f"{so_far} = {eval_total / wall_s():.1%} of the wall time so far",
+                    flush=True,
+                )
+
+        def suite_eval() -> float:
+            """The eval_tasks, each as lmpipe.eval.suite scores it; one metrics line for all."""
+            t0 = time.time()
+            record: dict[str, Any] = {"step": step, "tokens": tokens}
+            # a rank's rows a forward: as HellaSwag's, micro_batch items of 4 rows
+            batch_rows = 4 * tc.micro_batch
+            for suite_task in suite_tasks:
+                t_task = time.time()
+                counts = task_correct(model, suite_task, batch_rows, d.device)
+                n, headline = suite_task.total, suite_task.headline
+                head, key = counts[headline], f"suite/{suite_task.name}"
+                record |= {key: head / n, f"{key}_acc": counts["acc"] / n, f"{key}_items": n}
+                if d.is_main:
+                    acc = f", acc {counts['acc'] / n:.4f}" if headline != "acc" else ""
+                    print(
+                        f"step {step:5d}/{tc.max_steps} | {key} {headline} {head / n:.4f}"
+                        f" ({head}/{n}){acc} | {time.time() - t_task:.2f} s",
+                        flush=True,
+                    )
+            took = time.time() - t0
+            metrics.write(record | {"eval_s": took, "wall_s": wall_s()})
+            return took
 
         def eval_due() -> bool:
             return share is not None and (step % tc.eval_every == 0 or step == tc.max_steps)
@@ -374,6 +422,7 @@ def run(
                     "loader": loader.state_dict(),
                     "wall_s": wall_s(),
                     "eval_s": eval_total,
+                    "suite_s": suite_total,
                 }
                 # asynchronous (train.checkpoint_async): written while training goes on, except
                 # the last and the one on a signal, which must be on disk before the exit
@@ -400,7 +449,8 @@ def run(
             "tokens": tokens,
             "world_size": d.world_size,
             "wall_s": wall,
-            "eval_s": eval_total,  # of wall_s: HellaSwag during training
+            "eval_s": eval_total,  # of wall_s: HellaSwag and the suite tasks during training
+            "suite_eval_s": suite_total,  # of eval_s: the suite tasks
             "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
             **task.meta,
         }
@@ -433,6 +483,9 @@ def worker_main(
         "--hellaswag", type=Path, help="HellaSwag items for train.eval_every (a rowanz jsonl)"
     )
     parser.add_argument(
+        "--suite", type=Path, help="the suite's data manifest.json, for train.eval_tasks"
+    )
+    parser.add_argument(
         "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
     )
     parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
@@ -452,6 +505,8 @@ def worker_main(
     try:
         task = make_task(job, args.data, d, args.init)
         wandb = build(WandbConfig, json.loads(args.wandb), "--wandb") if args.wandb else None
-        return run(job, task, args.out, d, stop, args.fresh_start, args.hellaswag, wandb)
+        return run(
+            job, task, args.out, d, stop, args.fresh_start, args.hellaswag, wandb, args.suite
+        )
     finally:
         dist.destroy_process_group()

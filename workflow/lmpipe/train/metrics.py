@@ -1,8 +1,10 @@
 """metrics.jsonl and TensorBoard events of a run, written by rank 0.
 
 One JSON object a line: a train step (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `mfu`, `wall_s`),
-a validation (`val_loss`) or HellaSwag during training (`hellaswag`: acc_norm, `hellaswag_acc`,
-`hellaswag_items`, `eval_s`), each with `step` and `tokens`. The report reads these, not logs.
+a validation (`val_loss`), HellaSwag during training (`hellaswag`: acc_norm, `hellaswag_acc`,
+`hellaswag_items`, `eval_s`) or the suite tasks during training, one line for all
+(`suite/<task>`: acc_norm where the task has it, else acc; `suite/<task>_acc`,
+`suite/<task>_items`; `eval_s`), each with `step` and `tokens`. The report reads these, not logs.
 With `logging.wandb`, the same records go to Weights & Biases too (lmpipe.train.wandb_log).
 """
 

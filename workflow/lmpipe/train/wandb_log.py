@@ -50,7 +50,9 @@ def check_installed(run: str) -> None:
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """A metrics.jsonl record's figures under their logged names (TensorBoard and W&B)."""
-    group = "eval" if "hellaswag" in record else None  # eval/hellaswag, eval/eval_s, ...
+    # eval/hellaswag, eval/eval_s, ...; the suite tasks' line: eval/suite/arc_easy, ...
+    evals = "hellaswag" in record or any(key.startswith("suite/") for key in record)
+    group = "eval" if evals else None
     out = {}
     for key, value in record.items():
         if key not in ("step", "tokens") and value is not None:

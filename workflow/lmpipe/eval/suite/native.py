@@ -16,6 +16,8 @@ Both truncate a too-long row from the left of its context, as lm-eval does.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import tiktoken
 import torch
@@ -88,6 +90,26 @@ def last_position_logprobs(
     return out
 
 
+def split_rows(rows: list[Row]) -> tuple[dict[tuple[int, ...], list[int]], list[int]]:
+    """The rows with one-token continuations by their shared context (one forward a context),
+    and the indices of the others (a row a batch slot)."""
+    shared: dict[tuple[int, ...], list[int]] = {}
+    others = []
+    for i, (ctx, cont) in enumerate(rows):
+        if len(cont) == 1:
+            shared.setdefault(tuple(ctx), []).append(i)
+        else:
+            others.append(i)
+    return shared, others
+
+
+def forward_passes(rows: list[Row], batch_rows: int) -> int:
+    """The model forwards `row_logprobs(model, rows, batch_rows)` runs (a batch a forward): what
+    FSDP ranks must equal when each scores its own rows (lmpipe.train.suite)."""
+    shared, others = split_rows(rows)
+    return math.ceil(len(shared) / batch_rows) + math.ceil(len(others) / batch_rows)
+
+
 def row_logprobs(
     model: torch.nn.Module,
     rows: list[Row],
@@ -97,15 +119,7 @@ def row_logprobs(
 ) -> np.ndarray:
     """Summed log-probability of each row's continuation (see the module docstring)."""
     out = np.zeros(len(rows), dtype=np.float64)
-    shared: dict[
-        tuple[int, ...], list[int]
-    ] = {}  # context -> its rows with one-token continuations
-    others = []
-    for i, (ctx, cont) in enumerate(rows):
-        if len(cont) == 1:
-            shared.setdefault(tuple(ctx), []).append(i)
-        else:
-            others.append(i)
+    shared, others = split_rows(rows)
     if shared:
         contexts = [list(c) for c in shared]
         targets = [[rows[i][1][0] for i in idx] for idx in shared.values()]
@@ -126,9 +140,12 @@ def score_task(
     batch_rows: int = 32,
     device: str | torch.device = "cpu",
     show_progress: bool = True,
+    rows: list[Row] | None = None,
 ) -> TaskScore:
-    """The per-item log-likelihoods, choices and right/wrong calls of one task."""
-    rows = item_rows(data.items, enc)
+    """The per-item log-likelihoods, choices and right/wrong calls of one task. `rows`: the
+    items' rows as `item_rows` makes them, when the caller keeps them (an eval repeated during
+    training tokenizes once)."""
+    rows = item_rows(data.items, enc) if rows is None else rows
     with tqdm(total=len(rows), desc=data.name, unit="choice", disable=not show_progress) as bar:
         ll = row_logprobs(model, rows, batch_rows, device, bar)
     score = TaskScore(data.name, [], [], [], [], [], dict(data.subjects))
