@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lmpipe.config import ModelConfig, build
+from lmpipe.config import ModelConfig, model_config
 from lmpipe.registry import ARCHITECTURES
 
 META_KEYS = ("run", "model", "train", "settings_hash", "step", "tokens", "world_size")
@@ -63,7 +63,7 @@ def load_final_checkpoint(final_dir: str | Path) -> tuple[Any, dict]:
     import torch.distributed.checkpoint as dcp
 
     meta = read_meta(final_dir)
-    model = build_model(build(ModelConfig, meta["model"], f"{final_dir}/meta.json: model"))
+    model = build_model(model_config(meta["model"], f"{final_dir}/meta.json: model"))
     state = model.state_dict()
     # DCP loads in place into the tensors we hand it; one process, so no process group (DCP
     # warns that it assumes exactly that).
