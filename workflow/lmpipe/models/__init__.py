@@ -13,7 +13,9 @@ nn.Module that knows nothing of parallelism and offers what the trainer and eval
   the loss counts).
 
 The package also brings its export adapters: `write_hf(model, tokenizer_dir, out_dir, meta)`,
-`load_hf(hf_dir)` and, where the format can hold it, `write_llmc(model, path)`.
+`load_hf(hf_dir)` and, where the format can hold it, `write_llmc(model, path)`. `write_hf` writes
+model/hf/: a transformers folder (GPT-2) or, where no transformers class computes the model's
+logits (modern), a native one; its config.json's `lmpipe_arch` tells `load_hf` below which.
 
 The final checkpoint (`train/final/`, written by lmpipe.train.checkpoint) is read here, in one
 process: `{"model": state dict}` as torch.distributed.checkpoint files, plus `meta.json`.
