@@ -43,6 +43,16 @@ CASES = {
         lambda c: c["datasets"]["fineweb10B"].pop("name"),
         "datasets.fineweb10B: source 'huggingface' needs `repo` and `name`",
     ),
+    # validate_model: an architecture's settings (lmpipe.registry Architecture.settings)
+    "setting_of_another_arch": (
+        lambda c: c["models"]["tiny"].update(qk_norm=False),
+        "models.tiny: unknown key 'qk_norm' for model.arch 'gpt2' (a setting of model.arch"
+        " 'modern' only)",
+    ),
+    "model_key_typo": (
+        lambda c: c["models"]["tiny"].update(n_layers=3),
+        "models.tiny: unknown key 'n_layers' (did you mean 'n_layer'?)",
+    ),
     "padded_vocab_below_vocab": (
         lambda c: c["models"]["tiny"].update(padded_vocab_size=50000),
         "models.tiny: padded_vocab_size is below vocab_size",

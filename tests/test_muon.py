@@ -121,13 +121,14 @@ def test_muon_gets_the_blocks_matrices_and_adamw_the_rest(gpt2):
     assert sum(len(g["params"]) for g in opt.param_groups) == len(names)
 
 
-def test_the_registry_counts_the_models_muon_matrices(gpt2):
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_the_registry_counts_the_models_muon_matrices(arch):
     """ARCHITECTURES' hidden_matrices (what the config check refuses muon on) counts the 2-D
-    weights of the model's blocks, for 1 to 3 layers."""
-    count = ARCHITECTURES["gpt2"].hidden_matrices
+    weights of the model's blocks, for 1 to 3 layers, for every architecture."""
+    count = ARCHITECTURES[arch].hidden_matrices
     for n_layer in (1, 2, 3):
-        m = build_model(ModelConfig(**SHAPE | {"n_layer": n_layer}, vocab_size=256,
-                                    padded_vocab_size=256))  # fmt: skip
+        shape = SHAPE | {"n_layer": n_layer, "vocab_size": 256, "padded_vocab_size": 256}
+        m = build_model(lmconfig.model_class(arch)(**shape))
         held = [p for b in m.blocks() for p in b.parameters() if p.dim() == 2]
         assert count(m.config) == len(held) == 4 * n_layer
 

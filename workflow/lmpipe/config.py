@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import types
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lmpipe.paths import DEFAULT_CONFIG, Layout
-from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
+from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
 
 T = TypeVar("T")
 
@@ -91,7 +92,9 @@ class ConversationsConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A model's shape; `arch` picks its code (lmpipe.registry.ARCHITECTURES)."""
+    """A model's shape; `arch` picks its code (lmpipe.registry.ARCHITECTURES). An architecture
+    with settings of its own has a config of its own: this shape and its settings' fields, flat
+    (`model_class`), so a `models:` entry, the train params and meta.json stay one flat dict."""
 
     n_layer: int
     n_head: int
@@ -100,6 +103,55 @@ class ModelConfig:
     vocab_size: int = 50257
     padded_vocab_size: int = 50304
     arch: str = "gpt2"
+
+
+@functools.cache
+def model_class(arch: str) -> type:
+    """The config dataclass of `arch`'s models: ModelConfig itself for an arch without settings
+    (GPT-2), else a subclass with its settings' fields after the shape's and `arch` defaulting
+    to its name (`ModernModelConfig` for `modern`: `config.qk_norm`, ...)."""
+    settings = ARCHITECTURES[arch].settings
+    if settings is None:
+        return ModelConfig
+    name = settings.__name__.removesuffix("Settings") + "ModelConfig"
+    arch_field = ("arch", str, field(default=arch))
+    cls = dataclasses.make_dataclass(name, [arch_field], bases=(settings, ModelConfig), frozen=True)
+    cls.__module__ = __name__
+    return cls
+
+
+def model_config(data: dict[str, Any], where: str) -> ModelConfig:
+    """A `models:` entry (or a job's `model`) as the config of its arch; a key of no setting of
+    that arch is a ConfigError naming `where` and the key (and the arch that has it)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+    arch = data.get("arch", "gpt2")
+    if arch not in ARCHITECTURES:
+        raise ConfigError(
+            f"{where}.arch: unknown architecture {arch!r}{did_you_mean(str(arch), ARCHITECTURES)}"
+            f" (known: {', '.join(ARCHITECTURES)})"
+        )
+    cls = model_class(arch)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"{where}: {unknown_model_key(key, arch, names)}")
+    return build(cls, data, where)
+
+
+def unknown_model_key(key: str, arch: str, names: typing.Iterable[str]) -> str:
+    """'unknown key ...' of a model entry: a setting of another arch says so."""
+    owners = [
+        a.name
+        for a in ARCHITECTURES.values()
+        if a.settings and key in {f.name for f in dataclasses.fields(a.settings)}
+    ]
+    if owners:
+        return (
+            f"unknown key {key!r} for model.arch {arch!r} (a setting of model.arch"
+            f" {owners[0]!r} only)"
+        )
+    return f"unknown key {key!r}{did_you_mean(key, names)}"
 
 
 @dataclass(frozen=True)
@@ -259,7 +311,7 @@ class TrainJob:
     @classmethod
     def from_json(cls, text: str) -> TrainJob:
         data = json.loads(text)
-        return build(cls, data, "train job", train=lambda d, w: train_config(d, w))
+        return build(cls, data, "train job", train=train_config, model=model_config)
 
 
 @dataclass(frozen=True)
@@ -348,7 +400,7 @@ def named_models(path: str | Path = DEFAULT_CONFIG) -> dict[str, ModelConfig]:
     import yaml
 
     models = yaml.safe_load(Path(path).read_text())["models"]
-    return {name: build(ModelConfig, m, f"models.{name}") for name, m in models.items()}
+    return {name: model_config(m, f"models.{name}") for name, m in models.items()}
 
 
 def layout(config: dict[str, Any]) -> Layout:
@@ -367,7 +419,7 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
         name=run,
         dataset=r["dataset"],
         model_name=r["model"],
-        model=build(ModelConfig, config["models"][r["model"]], f"models.{r['model']}"),
+        model=model_config(config["models"][r["model"]], f"models.{r['model']}"),
         train=train_config(r["train"], f"{where}.train"),
         launch=build(LaunchConfig, r["launch"], f"{where}.launch"),
         eval={s: build(cls, r["eval"][s], f"{where}.eval.{s}") for s, cls in EVAL_SECTIONS.items()},
@@ -375,6 +427,20 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
         sft=build(SFTConfig, r["sft"], f"{where}.sft") if "sft" in r else None,
         logging=build(LoggingConfig, r.get("logging", {}), f"{where}.logging"),
     )
+
+
+def check_llmc_export(config: dict[str, Any], run: str) -> None:
+    """A run's model/llmc.bin (the export_llmc rule) only for an architecture whose `exports`
+    hold "llmc" (lmpipe.registry): asked of another, a ConfigError before any job starts."""
+    model = config["runs"][run]["model"]
+    arch = config["models"][model]["arch"]
+    exports = ARCHITECTURES[arch].exports
+    if "llmc" not in exports:
+        raise ConfigError(
+            f"runs.{run}.model: model {model!r} is model.arch {arch!r}, which has no llm.c export"
+            f" (model/llmc.bin: llm.c's format holds GPT-2 only; {arch} exports:"
+            f" {', '.join(exports)})"
+        )
 
 
 def is_conversations(config: dict[str, Any], dataset: str) -> bool:

@@ -11,7 +11,8 @@ Adding a part (docs/architecture.md walks through each):
   `Evaluation` below (and a settings dataclass in EVAL_SECTIONS if it needs its own settings), and
   its published figures in lmpipe/report/references.py;
 - an optimizer: a settings dataclass and an `Optimizer` below, and its build function;
-- an architecture: a package under lmpipe/models/ and an `Architecture` below.
+- an architecture: a package under lmpipe/models/ and an `Architecture` below (and a settings
+  dataclass if its models have settings beyond the shape).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ class Architecture:
     # the config check refuses Muon on a model with none; None: not known before the job, which
     # then refuses it itself (tests/test_optim.py checks the count against the model)
     hidden_matrices: Callable[[Any], int] | None = None
+    # its own settings beyond the shape (ModelConfig), a dataclass of `setting()` fields: keys a
+    # `models:` entry of this arch may set (lmpipe.schema checks them; a key of another arch is
+    # refused), fields of its models' config (lmpipe.config.model_config); None: none
+    settings: type | None = None
 
 
 def gpt2_params(m: Any) -> int:
@@ -65,6 +70,42 @@ def gpt2_params(m: Any) -> int:
     head is tied to the token embedding."""
     C = m.n_embd
     return m.padded_vocab_size * C + m.block_size * C + m.n_layer * (12 * C * C + 13 * C) + 2 * C
+
+
+@dataclass(frozen=True)
+class ModernSettings:
+    """model.arch modern: modded-nanogpt's speedrun choices, each a switch (an ablation is a
+    config change); the defaults are the modern model."""
+
+    rope: bool = setting(True, "rotary position embeddings (false: learned positions, as GPT-2)")
+    rope_base: float = setting(10000.0, "rotary base (theta)", exclusiveMinimum=0)
+    norm: str = setting(
+        "rmsnorm",
+        "rmsnorm (no weights, as modded-nanogpt) or layernorm (learned weight)",
+        enum=["rmsnorm", "layernorm"],
+    )
+    qk_norm: bool = setting(True, "RMS-normalise queries and keys per head before attention")
+    mlp: str = setting("relu2", "relu2 (ReLU squared) or gelu (tanh GELU)", enum=["relu2", "gelu"])
+    tie_embeddings: bool = setting(False, "the LM head is the token embedding (GPT-2: tied)")
+    zero_init: bool = setting(True, "zero-initialised attn/MLP output projections and LM head")
+    logit_softcap: float | None = setting(
+        15.0, "logits = cap * tanh(logits / cap) (null: off)", exclusiveMinimum=0
+    )
+    bias: bool = setting(False, "biases in the Linear layers (and LayerNorms)")
+
+
+def modern_params(m: Any) -> int:
+    """The modern model's parameters: token embedding (padded vocab), learned positions without
+    rope, L blocks of 12C^2 (attention and ReLU^2/GELU MLP weights) + with `bias` the Linear
+    biases (9C: 3C + C + 4C + C) + the two norms (layernorm: C each, 2C with `bias`), the
+    embedding's and the final norm, and the LM head unless tied. RMSNorm and QK-norm have no
+    weights."""
+    C, V = m.n_embd, m.padded_vocab_size
+    norm = 0 if m.norm == "rmsnorm" else C * (2 if m.bias else 1)  # a norm's parameters
+    block = 12 * C * C + (9 * C if m.bias else 0) + 2 * norm
+    head = 0 if m.tie_embeddings else V * C
+    positions = 0 if m.rope else m.block_size * C
+    return V * C + positions + m.n_layer * block + 2 * norm + head
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -77,6 +118,15 @@ ARCHITECTURES: dict[str, Architecture] = {
             gpt2_params,
             exports=("hf", "llmc"),
             hidden_matrices=lambda m: 4 * m.n_layer,  # c_attn, attn.c_proj, c_fc, mlp.c_proj
+        ),
+        Architecture(
+            "modern",
+            "lmpipe.models.modern",
+            "modded-nanogpt's GPT: rotary, RMSNorm, QK-norm, ReLU^2, untied, soft-capped logits",
+            modern_params,
+            exports=("hf",),  # a native folder (no Hugging Face class computes these logits)
+            settings=ModernSettings,
+            hidden_matrices=lambda m: 4 * m.n_layer,  # as GPT-2's: the norms have no weights
         ),
     )
 }

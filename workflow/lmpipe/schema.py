@@ -33,8 +33,10 @@ from lmpipe.config import (
     did_you_mean,
     is_conversations,
     is_fine_tuning,
+    model_class,
     optimizer_settings,
     run_config,
+    unknown_model_key,
 )
 from lmpipe.paths import SCHEMA
 from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS, SUITE_TASKS
@@ -150,8 +152,32 @@ def _check_section(data: dict[str, Any], schema: dict[str, Any], where: str) -> 
         raise ConfigError(explain(error, where) + SCHEMA_HINT)
 
 
+def validate_model(name: str, m: dict[str, Any]) -> None:
+    """A `models:` entry: a known arch, and keys beyond the shape (the schema file's) only of its
+    settings (lmpipe.registry Architecture.settings), checked against their schema."""
+    where = f"models.{name}"
+    if m["arch"] not in ARCHITECTURES:
+        raise ConfigError(
+            f"{where}.arch: unknown architecture {m['arch']!r}"
+            f"{did_you_mean(m['arch'], ARCHITECTURES)} (known: {', '.join(ARCHITECTURES)})"
+        )
+    settings = ARCHITECTURES[m["arch"]].settings
+    shape = {f.name for f in dataclasses.fields(model_class("gpt2"))}
+    known = [f.name for f in dataclasses.fields(model_class(m["arch"]))]
+    for key in m:
+        if key not in known:
+            raise ConfigError(f"{where}: {unknown_model_key(key, m['arch'], known)}")
+    if settings is not None:
+        own = {k: v for k, v in m.items() if k not in shape}
+        _check_section(own, section_schema(settings), where)
+        m.update(own)  # its defaults filled in, as the schema does for every other key
+
+
 def validate_registry_sections(config: dict[str, Any]) -> None:
-    """Optimizer settings and evaluation sections, against their registry dataclasses."""
+    """Model settings, optimizer settings and evaluation sections, against their registry
+    dataclasses."""
+    for name, m in config["models"].items():
+        validate_model(name, m)
     for name, r in config["runs"].items():
         opt = r["train"]["optimizer"]
         where = f"runs.{name}.train.optimizer"
@@ -182,6 +208,13 @@ def full_schema() -> dict[str, Any]:
     defs = schema["definitions"]
     defs["optimizer"] = {"oneOf": [section_schema(o.settings) for o in OPTIMIZERS.values()]}
     defs["train"]["properties"]["eval_tasks"]["items"]["enum"] = list(SUITE_TASKS)
+    model = defs["model"]
+    model["additionalProperties"] = False  # the architectures' settings, each marked with its arch
+    for arch in ARCHITECTURES.values():
+        if arch.settings is not None:
+            for key, prop in section_schema(arch.settings)["properties"].items():
+                prop["description"] = f"(model.arch {arch.name}) {prop.get('description', '')}"
+                model["properties"][key] = prop
     defs["eval"] = {
         "type": "object",
         "additionalProperties": False,
@@ -269,11 +302,6 @@ def check_config(config: dict[str, Any]) -> None:
         if d["source"] == "huggingface" and not (d.get("repo") and d.get("name")):
             raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
     for name, m in config["models"].items():
-        if m["arch"] not in ARCHITECTURES:
-            raise ConfigError(
-                f"models.{name}.arch: unknown architecture {m['arch']!r}"
-                f"{did_you_mean(m['arch'], ARCHITECTURES)} (known: {', '.join(ARCHITECTURES)})"
-            )
         if m["n_embd"] % m["n_head"]:
             raise ConfigError(
                 f"models.{name}: n_embd {m['n_embd']} is not divisible by n_head {m['n_head']}"

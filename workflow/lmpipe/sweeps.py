@@ -144,7 +144,7 @@ def set_key(
 def ladder_steps(config: dict[str, Any], run: dict[str, Any], tokens_per_param: float) -> int:
     """A size ladder's steps: ceil(tokens_per_param * N / batch_tokens), N the point's model's
     parameters (lmpipe.registry, without torch)."""
-    model = lmconfig.build(lmconfig.ModelConfig, config["models"][run["model"]], "model")
+    model = lmconfig.model_config(config["models"][run["model"]], "model")
     tokens = tokens_per_param * lmplan.num_params(model)
     return max(1, math.ceil(tokens / run["train"]["batch_tokens"]))
 

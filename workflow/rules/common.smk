@@ -85,8 +85,12 @@ def exports_llmc(run):
     return "llmc" in ARCHITECTURES[arch].exports
 
 
-# runs whose architecture llm.c's format holds (GPT-2): they get model/llmc.bin too
-LLMC_RUNS = one_of(r for r in config["runs"] if exports_llmc(r))
+def get_llmc_final(wildcards):
+    """The final checkpoint of a run whose architecture llm.c's format holds (GPT-2: a report's
+    runs of it get model/llmc.bin too). Asked of another (a target model/llmc.bin of a modern
+    run), an error naming the run, its model and arch, before any job starts."""
+    lmconfig.check_llmc_export(config, wildcards.run)
+    return LAYOUT.final_checkpoint(wildcards.run)
 
 
 def get_report_inputs(wildcards):

@@ -29,15 +29,13 @@ rule convert:
 
 rule export_llmc:
     input:
-        final=LAYOUT.final_checkpoint("{run}"),
+        final=get_llmc_final,  # refuses a run of an architecture without llm.c's export
     output:
         LAYOUT.llmc_file("{run}"),
     log:
         LAYOUT.log("export_llmc", "{run}"),
     benchmark:
         LAYOUT.benchmark("export_llmc", "{run}")
-    wildcard_constraints:
-        run=LLMC_RUNS,
     conda:
         "../../envs/convert.yaml"
     resources:

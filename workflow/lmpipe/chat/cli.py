@@ -14,6 +14,7 @@ fits the model's window, the oldest exchanges are dropped.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,11 @@ def load(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (expected a converted model folder)")
+    arch = json.loads((model_dir / "config.json").read_text()).get("lmpipe_arch", "gpt2")
+    if arch != "gpt2":  # a native folder (lmpipe.models.modern.hf): no transformers class
+        raise ValueError(
+            f"{model_dir}: a model.arch {arch!r} folder; the chat CLI reads GPT-2 ones"
+        )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     return model.eval(), tokenizer

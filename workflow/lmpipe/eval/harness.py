@@ -2,10 +2,13 @@
 
 The task is lm-eval's own `hellaswag` (prompt, choices, metrics) with only the data source
 replaced by a local file (lm_eval_tasks/hellaswag_lmpipe.yaml), so it runs without the hub.
+lm-eval's model is `hf` for a GPT-2 folder (transformers' GPT2LMHeadModel) and `lmpipe` (the
+native model: lmpipe.eval.lm_eval_model) for any other architecture (`harness_model`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -40,6 +43,17 @@ def write_lm_eval_task(items_file: str | Path, work_dir: str | Path) -> Path:
     return task_dir
 
 
+def harness_model(model_dir: str | Path) -> str:
+    """lm-eval's model for a converted folder: `hf` for GPT-2 (its config.json's `lmpipe_arch`,
+    absent in OpenAI's own folder), else `lmpipe`, registered by importing its module."""
+    arch = json.loads((Path(model_dir) / "config.json").read_text()).get("lmpipe_arch", "gpt2")
+    if arch == "gpt2":
+        return "hf"
+    from lmpipe.eval.lm_eval_model import MODEL_NAME
+
+    return MODEL_NAME
+
+
 def lm_eval_hellaswag(
     model_dir: str | Path,
     items_file: str | Path | None,
@@ -47,12 +61,17 @@ def lm_eval_hellaswag(
     batch_size: int,
     device: str = "cpu",
     log_samples: bool = False,
+    model: str | None = None,
 ) -> dict:
-    """Run the real harness (`hf` model) on HellaSwag; returns lm-eval's results dict.
+    """Run the real harness on HellaSwag; returns lm-eval's results dict.
 
     `items_file` None uses lm-eval's own `hellaswag` task and data (needs the internet);
-    otherwise the local task on that file, offline.
+    otherwise the local task on that file, offline. `model`: lm-eval's model (`hf` or
+    `lmpipe`; None: the folder's, `harness_model`).
     """
+    if model == "lmpipe":
+        import lmpipe.eval.lm_eval_model  # noqa: F401  registers it
+    model = model or harness_model(model_dir)
     if items_file is not None:  # offline: never reach for the hub
         os.environ["HF_HUB_OFFLINE"] = "1"
         os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -64,9 +83,12 @@ def lm_eval_hellaswag(
             task, manager = "hellaswag", TaskManager()
         else:
             task = LM_EVAL_TASK
-            manager = TaskManager(include_path=str(write_lm_eval_task(items_file, work)))
+            # only the local task: it includes lm-eval's by absolute path, so indexing lm-eval's
+            # thousands of task files (a minute on two cores) would buy nothing
+            tasks = write_lm_eval_task(items_file, work)
+            manager = TaskManager(include_path=str(tasks), include_defaults=False)
         return lm_eval.simple_evaluate(
-            model="hf",
+            model=model,
             model_args={"pretrained": str(model_dir), "dtype": "float32"},
             tasks=[task],
             task_manager=manager,
@@ -99,7 +121,7 @@ def evaluate(
             __name__,
             model_dir,
             "lm_eval",
-            harness="lm-eval simple_evaluate, model hf, task " + task,
+            harness=f"lm-eval simple_evaluate, model {harness_model(model_dir)}, task {task}",
             items_file=str(items_file) if items_file else "lm-eval's own hellaswag data",
             device=device,
         ),

@@ -13,7 +13,9 @@ nn.Module that knows nothing of parallelism and offers what the trainer and eval
   the loss counts).
 
 The package also brings its export adapters: `write_hf(model, tokenizer_dir, out_dir, meta)`,
-`load_hf(hf_dir)` and, where the format can hold it, `write_llmc(model, path)`.
+`load_hf(hf_dir)` and, where the format can hold it, `write_llmc(model, path)`. `write_hf` writes
+model/hf/: a transformers folder (GPT-2) or, where no transformers class computes the model's
+logits (modern), a native one; its config.json's `lmpipe_arch` tells `load_hf` below which.
 
 The final checkpoint (`train/final/`, written by lmpipe.train.checkpoint) is read here, in one
 process: `{"model": state dict}` as torch.distributed.checkpoint files, plus `meta.json`.
@@ -28,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lmpipe.config import ModelConfig, build
+from lmpipe.config import ModelConfig, model_config
 from lmpipe.registry import ARCHITECTURES
 
 META_KEYS = ("run", "model", "train", "settings_hash", "step", "tokens", "world_size")
@@ -63,7 +65,7 @@ def load_final_checkpoint(final_dir: str | Path) -> tuple[Any, dict]:
     import torch.distributed.checkpoint as dcp
 
     meta = read_meta(final_dir)
-    model = build_model(build(ModelConfig, meta["model"], f"{final_dir}/meta.json: model"))
+    model = build_model(model_config(meta["model"], f"{final_dir}/meta.json: model"))
     state = model.state_dict()
     # DCP loads in place into the tensors we hand it; one process, so no process group (DCP
     # warns that it assumes exactly that).

@@ -5,7 +5,8 @@ source replaced by the task's Arrow files from the suite's data folder (lm_eval_
 YAML a task, rendered into a scratch folder with absolute paths as lmpipe.eval.harness does for
 HellaSwag). MMLU is lm-eval's `mmlu` group rebuilt the same way: its 57 subject tasks and a group
 that aggregates them by size. `log_samples` gives the per-item log-likelihoods and right/wrong
-calls, in each task's document order.
+calls, in each task's document order. lm-eval's model is the folder's (`hf` for GPT-2, `lmpipe`
+for another architecture: lmpipe.eval.harness.harness_model).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from lmpipe.eval.harness import harness_model
 from lmpipe.eval.suite.data import TaskData
 from lmpipe.eval.suite.metrics import TaskScore, choose
 from lmpipe.eval.suite.tasks import TASKS
@@ -79,8 +81,8 @@ def run(
     batch_size: int,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """One `simple_evaluate` (model `hf`, float32, zero-shot) over the tasks' local copies;
-    returns lm-eval's results dict, with samples."""
+    """One `simple_evaluate` (the folder's model: `hf` or `lmpipe`; float32, zero-shot) over the
+    tasks' local copies; returns lm-eval's results dict, with samples."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # never reach for the hub
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     import datasets
@@ -95,7 +97,7 @@ def run(
         # thousands of task files (a minute on two cores) would buy nothing
         manager = TaskManager(include_path=str(write_tasks(data, work)), include_defaults=False)
         return lm_eval.simple_evaluate(
-            model="hf",
+            model=harness_model(model_dir),
             model_args={"pretrained": str(model_dir), "dtype": "float32"},
             tasks=[local_name(name) for name in data],
             task_manager=manager,

@@ -145,6 +145,7 @@ def evaluate_lm_eval(
     settings: SuiteSettings, model_dir: Path, inputs: dict[str, Path], device: str
 ) -> dict[str, Any]:
     """The suite through the real lm-eval harness (offline, the local tasks)."""
+    from lmpipe.eval.harness import harness_model
     from lmpipe.eval.results import produced_by
 
     manifest = Path(inputs["suite"])
@@ -154,7 +155,8 @@ def evaluate_lm_eval(
         "lmpipe.eval.suite.harness",
         model_dir,
         "lm_eval",
-        harness="lm-eval simple_evaluate, model hf, the local *_lmpipe tasks",
+        harness=f"lm-eval simple_evaluate, model {harness_model(model_dir)}, the local *_lmpipe"
+        " tasks",
         data=data_provenance(manifest, list(data)),
         device=device,
     )

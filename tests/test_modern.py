@@ -1,0 +1,503 @@
+"""The modern architecture (`model.arch: modern`): its logits against a reference written here from
+the definitions, each of its switches, its parameter count and FLOPs, its native folder, FSDP over
+2 ranks against 1 process through the real trainer, the native scorers on its folder, and the
+lm-eval `lmpipe` model against `hf` item by item. Models are tiny (2 layers, 32 or 64 wide)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
+import yaml
+
+from conftest import CONFIG_FILE, make_workdir, snakemake
+from lmpipe import config as lmconfig
+from lmpipe import schema
+from lmpipe.config import named_models
+from lmpipe.data.shards import write_shard
+from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval import hellaswag
+from lmpipe.models import build_model, load_hf
+from lmpipe.models.modern import write_hf
+from lmpipe.models.modern.model import ModernGPT, apply_rotary, modern_config, rotary
+from lmpipe.paths import REPO_ROOT
+from lmpipe.registry import ARCHITECTURES
+
+TOKENIZER = REPO_ROOT / "resources" / "gpt2"
+ITEMS = REPO_ROOT / "resources" / "hellaswag_val_sample.jsonl"
+ENC = gpt2_encoding(TOKENIZER)
+SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
+
+
+def tiny(**settings) -> ModernGPT:
+    torch.manual_seed(0)
+    return build_model(modern_config(**SHAPE, **settings))
+
+
+def randomise(model: torch.nn.Module, std: float = 0.3) -> torch.nn.Module:
+    """Weights far from init (zero projections and head included), so that every part counts."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+    return model
+
+
+# ---- the logits against a reference written from the definitions --------------------------------
+
+
+def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
+    """modded-nanogpt's forward in plain tensor maths, from the state dict: RMS norm (no
+    weights) of the embedding and before each sublayer, QK-norm, rotary as a complex rotation,
+    causal softmax attention by hand, relu(x)^2 MLP, final norm, untied head, 15 tanh(z / 15)."""
+
+    def rms(x):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
+
+    B, T = idx.shape
+    C, H = c.n_embd, c.n_head
+    hs = C // H
+    x = rms(state["transformer.wte.weight"][idx])
+    angles = torch.arange(T)[:, None] * c.rope_base ** (-torch.arange(0, hs, 2) / hs)  # (T, hs/2)
+    turn = torch.polar(torch.ones_like(angles), -angles)  # e^{-i theta}
+
+    def rotate(t):  # (B, T, H, hs): the halves as real and imaginary parts
+        z = torch.complex(t[..., : hs // 2], t[..., hs // 2 :]) * turn[None, :, None]
+        return torch.cat([z.real, z.imag], dim=-1)
+
+    mask = torch.ones(T, T).tril().bool()
+    for i in range(c.n_layer):
+        p = f"transformer.h.{i}."
+        q, k, v = (rms(x) @ state[p + "attn.c_attn.weight"].T).split(C, dim=-1)
+        q, k, v = (t.reshape(B, T, H, hs) for t in (q, k, v))
+        q, k = rotate(rms(q)), rotate(rms(k))
+        att = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hs)
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        y = torch.einsum("bhts,bshd->bthd", att, v).reshape(B, T, C)
+        x = x + y @ state[p + "attn.c_proj.weight"].T
+        h = torch.relu(rms(x) @ state[p + "mlp.c_fc.weight"].T).pow(2)
+        x = x + h @ state[p + "mlp.c_proj.weight"].T
+    logits = rms(x) @ state["lm_head.weight"][: c.vocab_size].T
+    return 15.0 * torch.tanh(logits / 15.0)
+
+
+def test_logits_equal_the_reference():
+    model = randomise(tiny()).eval()
+    idx = torch.randint(0, 50257, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected = reference_logits(model.state_dict(), model.config, idx)
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    assert logits.abs().max() < 15.0 and logits.abs().max() > 5.0  # the cap is reached
+    ce = F.cross_entropy(expected[:, :-1].reshape(-1, 50257), idx[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, ce, rtol=1e-5, atol=1e-5)  # the training loss is capped too
+
+
+# ---- each switch ---------------------------------------------------------------------------------
+
+
+def test_the_defaults_are_the_modern_model():
+    model = tiny()
+    c = model.config
+    assert (c.rope, c.norm, c.qk_norm, c.mlp) == (True, "rmsnorm", True, "relu2")
+    assert (c.tie_embeddings, c.zero_init, c.logit_softcap, c.bias) == (False, True, 15.0, False)
+    names = dict(model.named_parameters())
+    assert "transformer.wpe.weight" not in names  # rotary: no learned positions
+    assert not [n for n in names if "bias" in n or ".ln_" in n]  # no biases, weightless norms
+    assert model.lm_head.weight is not model.transformer.wte.weight  # untied
+    for name, p in names.items():  # zero-initialised output projections and head
+        zero = name.endswith("c_proj.weight") or name == "lm_head.weight"
+        assert (p == 0).all() == zero, name
+    logits, _ = model(torch.zeros(1, 4, dtype=torch.long))
+    assert (logits == 0).all()  # a zero head: the uniform distribution
+    _, loss = model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long))
+    assert loss.item() == pytest.approx(math.log(50257), abs=1e-4)
+
+
+def test_rotary_rotates_pairs_by_position_and_scores_depend_on_offsets_only():
+    hs, T = 8, 12
+    cos, sin = rotary(T, hs, 10000.0, torch.device("cpu"))
+    x = torch.randn(1, T, 1, hs, generator=torch.Generator().manual_seed(0))
+    y = apply_rotary(x, cos, sin)
+    theta = torch.arange(T)[:, None] * 10000.0 ** (-torch.arange(0, hs, 2) / hs)
+    z = torch.complex(x[0, :, 0, : hs // 2], x[0, :, 0, hs // 2 :]) * torch.polar(
+        torch.ones_like(theta), -theta
+    )
+    torch.testing.assert_close(y[0, :, 0], torch.cat([z.real, z.imag], -1), rtol=1e-5, atol=1e-6)
+    # one query and one key at positions (m, n) and (m + s, n + s): the same dot product
+    q = torch.randn(hs).expand(1, T, 1, hs)
+    k = torch.randn(hs).expand(1, T, 1, hs)
+    rq, rk = apply_rotary(q, cos, sin)[0, :, 0], apply_rotary(k, cos, sin)[0, :, 0]
+    assert torch.allclose(rq[5] @ rk[2], rq[9] @ rk[6], atol=1e-5)
+    assert not torch.allclose(rq[5] @ rk[2], rq[5] @ rk[4], atol=1e-3)
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys():
+    """Queries and keys RMS-normalised: scaling their weights changes nothing, without it does."""
+    idx = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(2))
+    for qk_norm in (True, False):
+        model = randomise(tiny(qk_norm=qk_norm), 0.2).eval()
+        with torch.no_grad():
+            before, _ = model(idx)
+            for block in model.blocks():
+                block.attn.c_attn.weight[: 2 * SHAPE["n_embd"]] *= 4.0  # the q and k rows
+            after, _ = model(idx)
+        assert torch.allclose(before, after, atol=1e-4) == qk_norm, qk_norm
+
+
+def test_switches_change_the_modules():
+    off = tiny(rope=False, norm="layernorm", mlp="gelu", tie_embeddings=True, bias=True)
+    names = dict(off.named_parameters())
+    assert "transformer.wpe.weight" in names and "transformer.h.0.ln_1.bias" in names
+    assert "transformer.h.0.attn.c_attn.bias" in names
+    assert off.lm_head.weight is off.transformer.wte.weight
+    assert (off.transformer.wte.weight != 0).any()  # a tied head is not zeroed
+    unzeroed = tiny(zero_init=False)
+    assert (unzeroed.lm_head.weight != 0).any() and (
+        unzeroed.blocks()[0].mlp.c_proj.weight != 0
+    ).any()
+    # the MLP: ReLU squared, or GELU (tanh)
+    x = torch.randn(3, SHAPE["n_embd"], generator=torch.Generator().manual_seed(4))
+    gelu = lambda h: F.gelu(h, approximate="tanh")  # noqa: E731
+    for mlp, act in (("relu2", lambda h: F.relu(h) ** 2), ("gelu", gelu)):
+        block = randomise(tiny(mlp=mlp)).blocks()[0].mlp
+        expected = block.c_proj(act(block.c_fc(x)))
+        torch.testing.assert_close(block(x), expected, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(block(x), block.c_proj(F.relu(block.c_fc(x))))
+    # the soft cap: off gives the raw logits
+    capped, raw = randomise(tiny()), randomise(tiny(logit_softcap=None))
+    h = torch.randn(2, SHAPE["n_embd"]) * 3
+    assert capped.head(h).abs().max() < 15.0 < raw.head(h).abs().max()
+
+
+@pytest.mark.parametrize("counted_only, padded", [(True, False), (False, True)])
+def test_training_shortcuts_give_the_same_loss_and_gradients(counted_only, padded):
+    """Fine-tuning's head on counted positions only and the GPU's padded head matmul."""
+    model = randomise(tiny())
+    idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(3))
+    targets = idx.roll(-1, 1)
+    targets[:, :10] = -1
+    results = []
+    for on in (False, True):
+        model.zero_grad()
+        model.head_on_counted_only, model.padded_head_matmul = on and counted_only, on and padded
+        _, loss = model(idx, targets)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(a, b)
+    for x, y in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-7)
+
+
+# ---- parameters and FLOPs, without torch ---------------------------------------------------------
+
+SETTINGS = [
+    {},
+    {"tie_embeddings": True},
+    {"rope": False},
+    {"norm": "layernorm"},
+    {"norm": "layernorm", "bias": True},
+    {"bias": True, "mlp": "gelu"},
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=[json.dumps(s) for s in SETTINGS])
+def test_the_registry_counts_parameters_as_the_model_does(settings):
+    config = modern_config(**SHAPE, **settings)
+    with torch.device("meta"):
+        model = ModernGPT(config)
+    assert ARCHITECTURES["modern"].num_params(config) == model.num_params()
+
+
+def test_tiny_modern_of_the_config_and_its_flops():
+    config = named_models()["tiny-modern"]
+    assert config.arch == "modern" and config.qk_norm  # the modern defaults
+    model = ModernGPT(config)
+    V, C, L = 50304, 64, 3
+    assert (
+        model.num_params()
+        == ARCHITECTURES["modern"].num_params(config)
+        == 2 * V * C + L * 12 * C * C
+    )
+    # 6N + 6LCT, N without the untied embedding (a lookup, no matmul); tied, it is the head
+    assert model.flops_per_token(128) == 6 * (V * C + L * 12 * C * C) + 6 * L * C * 128
+    tied = ModernGPT(dataclasses.replace(config, tie_embeddings=True))
+    assert tied.flops_per_token(128) == 6 * tied.num_params() + 6 * L * C * 128
+    assert model.head_flops_per_token() == 6 * V * C
+
+
+# ---- the config: settings of modern only, llm.c's export of GPT-2 only ---------------------------
+
+
+SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
+
+
+def with_modern_run(c: dict) -> dict:
+    c["runs"]["modern-run"] = copy.deepcopy(c["runs"]["embedded-a"]) | {"model": "tiny-modern"}
+    return c
+
+
+def test_a_modern_run_validates_with_its_settings_in_the_train_params():
+    c = with_modern_run(copy.deepcopy(SHIPPED))
+    c["models"]["tiny-modern"]["qk_norm"] = False
+    schema.validate(c)
+    job = lmconfig.TrainJob.from_json(lmconfig.train_params(c, "modern-run"))
+    assert job.model.arch == "modern" and job.model.qk_norm is False and job.model.rope is True
+    assert "qk_norm" in json.loads(lmconfig.train_params(c, "modern-run"))["model"]
+    # a GPT-2 run's params hold its shape only, as before there was a modern model
+    gpt2 = json.loads(lmconfig.train_params(c, "embedded-a"))["model"]
+    assert set(gpt2) == {f.name for f in dataclasses.fields(lmconfig.ModelConfig)}
+
+
+@pytest.mark.parametrize(
+    "model, key, value, message",
+    [
+        ("tiny", "qk_norm", False, "models.tiny: unknown key 'qk_norm' for model.arch 'gpt2'"),
+        ("tiny-modern", "qk_nrom", False, "models.tiny-modern: unknown key 'qk_nrom' (did you"),
+        ("tiny-modern", "norm", "batchnorm", "models.tiny-modern.norm: 'batchnorm' is not one of"),
+        ("tiny-modern", "rope", "yes", "models.tiny-modern.rope: 'yes' is not of type 'boolean'"),
+    ],
+)
+def test_a_setting_of_another_arch_or_a_bad_value_is_refused(model, key, value, message):
+    c = copy.deepcopy(SHIPPED)
+    c["models"][model][key] = value
+    with pytest.raises(lmconfig.ConfigError) as e:
+        schema.validate(c)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_llmc_export_of_a_modern_run_is_refused_before_any_job(tmp_path):
+    c = with_modern_run(copy.deepcopy(SHIPPED))
+    schema.validate(c)
+    lmconfig.check_llmc_export(c, "embedded-a")  # GPT-2: fine
+    with pytest.raises(lmconfig.ConfigError, match=r"runs\.modern-run\.model: model 'tiny-modern'"):
+        lmconfig.check_llmc_export(c, "modern-run")
+    # asked of Snakemake as a target: refused at planning, naming the run and the arch
+    work = make_workdir(tmp_path / "wf")
+    (work / "config" / "config.yaml").write_text(
+        yaml.safe_dump(with_modern_run(copy.deepcopy(SHIPPED)))
+    )
+    proc = snakemake(work, "-n", "results/runs/modern-run/model/llmc.bin", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "model.arch 'modern', which has no llm.c export" in out, out
+    ok = snakemake(work, "-n", "results/runs/embedded-a/model/llmc.bin", check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+# ---- the native folder --------------------------------------------------------------------------
+
+
+def test_native_folder_round_trip(tmp_path):
+    for settings in ({}, {"tie_embeddings": True, "rope": False, "qk_norm": False}):
+        model = randomise(tiny(**settings)).eval()
+        out = tmp_path / json.dumps(settings)
+        write_hf(model, TOKENIZER, out, {"run": "t"})
+        config = json.loads((out / "config.json").read_text())
+        assert (
+            config["lmpipe_arch"] == "modern" and config["model"]["qk_norm"] == model.config.qk_norm
+        )
+        assert {"model.safetensors", "tokenizer.json", "lmpipe_meta.json"} <= {
+            p.name for p in out.iterdir()
+        }
+        back = load_hf(out)
+        assert back.config == model.config
+        idx = torch.randint(0, 50257, (2, 20), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            torch.testing.assert_close(back(idx)[0], model(idx)[0], rtol=0, atol=0)
+
+
+# ---- the real trainer: 2 FSDP ranks against 1 process, the loss falls, convert, the scorers -----
+
+TRAIN = {
+    "seq_len": 32,
+    "micro_batch": 4,
+    "batch_tokens": 256,  # 32 * 4 * 2 ranks (1 micro-step), or 32 * 4 * 2 micro-steps on 1
+    "max_steps": 16,
+    "optimizer": {"name": "adamw", "lr": 1e-2},
+    "schedule": {"warmup_steps": 2, "lr_floor": 0.1},
+    "val_every": 8,
+    "val_tokens": 1024,
+    "checkpoint_every": 0,
+}
+
+
+def train_job(ranks: int) -> dict:
+    """The train rule's params of a tiny modern run (defaults filled as lmpipe.config does)."""
+    model = dataclasses.asdict(modern_config(**SHAPE))
+    train = json.loads(json.dumps(dataclasses.asdict(lmconfig.train_config(TRAIN, "train"))))
+    launch = {"device": "cpu", "nodes": 1, "procs_per_node": ranks, "peak_flops": 1e12}
+    return {
+        "run": "modern",
+        "dataset": "embedded",
+        "model": model,
+        "train": train,
+        "launch": launch,
+    }
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory, fineweb_texts):
+    """Real FineWeb text as llm.c shards: a val shard and a train shard, with a manifest."""
+    tokens: list[int] = []
+    for text in fineweb_texts[:60]:
+        tokens += [50256, *ENC.encode_ordinary(text)]
+    tokens = np.array(tokens, dtype=np.uint16)
+    out = tmp_path_factory.mktemp("tokens")
+    shards = []
+    for i, (split, part) in enumerate([("val", tokens[:4096]), ("train", tokens[4096:])]):
+        name = f"embedded_{split}_{i:06d}.bin"
+        write_shard(out / name, part)
+        shards.append({"file": name, "split": split, "tokens": len(part), "sha256": f"fake{i}"})
+    (out / "manifest.json").write_text(json.dumps({"dataset": "embedded", "shards": shards}))
+    return out / "manifest.json"
+
+
+def train(ranks: int, manifest, out) -> list[dict]:
+    """`python -m lmpipe.train` (torchrun) for 2 ranks, the worker itself for 1, as the train
+    rule and tests/test_train.py run them; the metrics rows."""
+    module = "lmpipe.train" if ranks > 1 else "lmpipe.train.pretrain"
+    cmd = [sys.executable, "-m", module, "--config-json", json.dumps(train_job(ranks))]
+    cmd += ["--data", str(manifest), "--out", str(out)]
+    env = dict(__import__("os").environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"training failed:\n{proc.stdout}\n{proc.stderr}"
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, manifest):
+    d = tmp_path_factory.mktemp("modern_runs")
+    return {ranks: (train(ranks, manifest, d / str(ranks)), d / str(ranks)) for ranks in (1, 2)}
+
+
+@pytest.mark.slow  # ~50 s: two trainings (one through torchrun), mostly start-up
+def test_two_fsdp_ranks_match_one_process_and_the_loss_falls(trained):
+    (one, one_dir), (two, two_dir) = trained[1], trained[2]
+    losses = {n: [m["loss"] for m in rows if "loss" in m] for n, rows in ((1, one), (2, two))}
+    assert len(losses[1]) == len(losses[2]) == TRAIN["max_steps"]
+    np.testing.assert_allclose(losses[2], losses[1], rtol=0, atol=1e-5)
+    val = {n: [m["val_loss"] for m in rows if "val_loss" in m] for n, rows in ((1, one), (2, two))}
+    np.testing.assert_allclose(val[2], val[1], rtol=0, atol=1e-5)
+    # from the uniform distribution (the zero head) down
+    assert losses[1][0] == pytest.approx(math.log(50257), abs=1e-3)
+    assert val[1][-1] < val[1][0] - 1.0, val  # 16 steps: 10.82 -> 9.52
+    # FSDP sharded every block and the root: each rank holds about half
+    prov = json.loads((two_dir / "provenance.json").read_text())
+    assert (
+        prov["world_size"] == 2 and prov["params"] == ModernGPT(modern_config(**SHAPE)).num_params()
+    )
+    for held in prov["params_per_rank"]:
+        assert held == pytest.approx(prov["params"] / 2, rel=0.01)
+    # and the final weights agree, read in one process as convert reads them; to 1e-3: Adam
+    # divides by sqrt(v), so rows of rare tokens, whose gradients are ~0, turn fp32 sums in
+    # another order into differences of up to ~5e-4 (a few of 1.6M values)
+    states = []
+    for out in (one_dir, two_dir):
+        state = ModernGPT(modern_config(**SHAPE)).state_dict()
+        dcp.load({"model": state}, checkpoint_id=out / "final")
+        states.append(state)
+    for name in states[0]:
+        torch.testing.assert_close(states[0][name], states[1][name], atol=1e-3, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def modern_dir(trained, tmp_path_factory):
+    """The 2-rank run's final checkpoint converted by the convert rule's command."""
+    _, out = trained[2]
+    hf = tmp_path_factory.mktemp("modern_hf") / "hf"
+    cmd = [sys.executable, "-m", "lmpipe.models", "--checkpoint", str(out / "final")]
+    subprocess.run([*cmd, "--tokenizer", str(TOKENIZER), "--hf-out", str(hf)], check=True)
+    llmc = subprocess.run(
+        [*cmd, "--llmc-out", str(hf.parent / "llmc.bin")], capture_output=True, text=True
+    )
+    assert llmc.returncode != 0 and "has no llm.c export" in llmc.stderr
+    assert not (hf.parent / "llmc.bin").exists()
+    return hf
+
+
+@pytest.mark.slow  # the trained fixture, then ~15 s
+def test_native_scorers_run_on_a_modern_folder(modern_dir, manifest, tmp_path):
+    """The evaluate rule's CLIs on the converted modern folder: val loss equals a plain forward,
+    HellaSwag (llm.c's scoring) equals the batched scorer run here."""
+    settings = {
+        "val_loss": {"tokens": 512, "batch": 4},
+        "hellaswag": {"file": "embedded", "items": 8, "batch": 4, "lm_eval": False},
+    }
+    for name, extra in (
+        ("val_loss", ["--tokens", str(manifest)]),
+        ("hellaswag", ["--hellaswag", str(ITEMS)]),
+    ):
+        cfg = lmconfig.canonical_json(
+            {"run": "modern", "evaluation": name, "settings": settings[name]}
+        )
+        cmd = [sys.executable, "-m", "lmpipe.eval", name, "--config-json", cfg]
+        subprocess.run(
+            [*cmd, "--model", str(modern_dir), *extra, "--out", str(tmp_path / f"{name}.json")],
+            check=True,
+        )
+    model = load_hf(modern_dir)
+    assert isinstance(model, ModernGPT)
+    loss = json.loads((tmp_path / "val_loss.json").read_text())
+    val = np.fromfile(manifest.parent / "embedded_val_000000.bin", dtype=np.uint16, offset=1024)
+    t = torch.from_numpy(val[:513].astype(np.int64))
+    with torch.no_grad():  # 512 tokens: 8 sequences of block_size 64
+        _, expected = model(t[:-1].view(8, 64), t[1:].view(8, 64))
+    assert loss["tokens"] == 512 and loss["value"] == pytest.approx(expected.item(), rel=1e-5)
+    hs = json.loads((tmp_path / "hellaswag.json").read_text())
+    native = hellaswag.score(
+        model, hellaswag.load_items(ITEMS, 8), ENC, "llmc", show_progress=False
+    )
+    assert hs["items"] == 8 and (hs["acc"], hs["acc_norm"]) == (native.acc, native.acc_norm)
+
+
+# ---- lm-eval: the `lmpipe` model equals `hf` on GPT-2, and scores the modern folder --------------
+
+
+@pytest.mark.slow
+def test_lm_eval_lmpipe_model_equals_hf_on_gpt2_and_runs_on_modern(tmp_path, monkeypatch):
+    from lmpipe.eval.harness import LM_EVAL_TASK, harness_model, lm_eval_hellaswag
+    from lmpipe.models.gpt2.hf import write_hf as write_gpt2_hf
+    from lmpipe.models.gpt2.model import GPT, GPTConfig
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    torch.manual_seed(0)
+    gpt2_dir = tmp_path / "gpt2"  # block_size 64: many items are cut from the left, as `hf` cuts
+    write_gpt2_hf(randomise(GPT(GPTConfig(**SHAPE)), 0.1), TOKENIZER, gpt2_dir, {"run": "t"})
+    modern_dir = tmp_path / "modern"  # a random one: lm-eval needs no trained model
+    write_hf(randomise(tiny(), 0.1), TOKENIZER, modern_dir, {"run": "t"})
+    assert harness_model(gpt2_dir) == "hf" and harness_model(modern_dir) == "lmpipe"
+    n = 24
+
+    def per_item(model_dir, model):
+        out = lm_eval_hellaswag(model_dir, ITEMS, n, 8, log_samples=True, model=model)
+        samples = sorted(out["samples"][LM_EVAL_TASK], key=lambda s: s["doc_id"])
+        assert len(samples) == n
+        ll = np.array([[r[0] for r in s["filtered_resps"]] for s in samples])
+        return ll, [s["acc"] for s in samples], [s["acc_norm"] for s in samples]
+
+    hf_ll, hf_acc, hf_norm = per_item(gpt2_dir, "hf")
+    ours_ll, ours_acc, ours_norm = per_item(gpt2_dir, "lmpipe")
+    np.testing.assert_allclose(ours_ll, hf_ll, rtol=0, atol=1e-4)
+    assert (ours_acc, ours_norm) == (hf_acc, hf_norm)
+    assert len(set(np.argmax(hf_ll, 1))) > 1  # not one answer for every item
+
+    # the modern folder, through the folder's own model (`lmpipe`): what the native scorer in
+    # lm-eval's mode computes, item by item
+    ll, acc, _ = per_item(modern_dir, None)
+    native = hellaswag.score(
+        load_hf(modern_dir), hellaswag.load_items(ITEMS, n), ENC, "lm_eval", show_progress=False
+    )
+    np.testing.assert_allclose(np.array(native.loglik), ll, rtol=1e-5, atol=1e-3)
+    labels = [it["label"] for it in hellaswag.load_items(ITEMS, n)]
+    assert [float(p == g) for p, g in zip(native.pred, labels, strict=True)] == acc

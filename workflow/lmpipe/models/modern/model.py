@@ -1,0 +1,268 @@
+"""A modern GPT: modded-nanogpt's speedrun choices in nanoGPT's shape. Knows nothing of parallelism.
+
+Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
+(lmpipe.registry; the defaults are the modern model, so an ablation is a config change):
+
+- rotary position embeddings on queries and keys (`rope`), no learned positions;
+- RMSNorm without weights (`norm`), as modded-nanogpt's `norm(x) = F.rms_norm(x, (x.size(-1),))`,
+  before each block's attention and MLP, after the embedding and at the end;
+- QK-norm (`qk_norm`): queries and keys RMS-normalised per head before the rotary;
+- ReLU² MLP (`mlp`): relu(x).square(), 4C wide, un-gated;
+- untied token embedding and LM head (`tie_embeddings`);
+- zero-initialised output projections of attention and MLP, and of the LM head (`zero_init`),
+  as modded-nanogpt does ("zero init suggested by @Grad62304977");
+- tanh soft-capping of the logits (`logit_softcap`): cap * tanh(logits / cap), from Gemma 2;
+  modded-nanogpt's records used 30 * tanh(logits / 30) first, 15 * tanh(logits / 15) later;
+- no biases (`bias`).
+
+The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
+is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lmpipe.config import ModelConfig, model_config
+
+
+def modern_config(**fields) -> ModelConfig:
+    """The config of a modern model (`arch: modern`): the shape and any settings by keyword."""
+    return model_config({"arch": "modern", **fields}, "modern model")
+
+
+def lm_head_loss(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_size: int,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Mean cross-entropy of the soft-capped fp32 logits x @ weight.T over the first
+    `vocab_size` columns; targets of -1 are ignored (padding rows dropped before the softmax)."""
+    logits = F.linear(x, weight)  # (B, T, Vp)
+    if logits.size(-1) != vocab_size:
+        logits = logits[..., :vocab_size]
+    logits = soft_cap(logits.float(), softcap)  # fp32 for a stable softmax
+    return F.cross_entropy(logits.reshape(-1, vocab_size), targets.reshape(-1), ignore_index=-1)
+
+
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap): logits kept within (-cap, cap), ~unchanged where small."""
+    return logits if cap is None else cap * torch.tanh(logits / cap)
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation over the last dimension, without weights (modded-nanogpt's `norm`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.size(-1),))
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm()
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+def rotary(T: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """cos and sin of the angles t * base^(-2i/d) of positions t < T, each (T, head_dim / 2),
+    in fp32 (recomputed each forward: no buffers to shard, checkpoint or re-initialise)."""
+    inv_freq = base ** (
+        -torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    )
+    angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x1[i], x2[i]) of the two halves of x (B, T, nh, hs) by its position's
+    angle i (modded-nanogpt's `apply_rotary_emb`): dot products of rotated queries and keys
+    depend on their positions' difference only."""
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, hs/2)
+    y1 = x1 * cos + x2 * sin
+    y2 = x1 * (-sin) + x2 * cos
+    return torch.cat([y1, y2], dim=-1).type_as(x)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.qk_norm = config.qk_norm
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.OUTPUT_PROJECTION = True  # zero-initialised (zero_init)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head)  # (B, T, nh, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head)
+        v = v.view(B, T, self.n_head, C // self.n_head)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.relu2 = config.mlp == "relu2"
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.OUTPUT_PROJECTION = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.c_fc(x)
+        x = F.relu(x).square() if self.relu2 else F.gelu(x, approximate="tanh")
+        return self.c_proj(x)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class ModernGPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.arch != "modern":
+            raise ValueError(f"the modern model needs model.arch modern, not {config.arch!r}")
+        if config.rope and (config.n_embd // config.n_head) % 2:
+            raise ValueError(
+                f"rotary needs an even head size, not {config.n_embd // config.n_head}"
+            )
+        self.config = config
+        modules = dict(wte=nn.Embedding(config.padded_vocab_size, config.n_embd))
+        if not config.rope:
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        modules |= dict(
+            ln_e=make_norm(config),  # modded-nanogpt normalises the embedding too
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=make_norm(config),
+        )
+        self.transformer = nn.ModuleDict(modules)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+        self.loss_fn = lm_head_loss  # compile_loss() swaps in a compiled one
+        # as GPT-2's: fine-tuning runs the head on counted positions only; on a GPU the training
+        # loss multiplies by the whole padded weight (aligned GEMM tiles)
+        self.head_on_counted_only = False
+        self.padded_head_matmul = False
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """N(0, 0.02), and zeros for the output projections and the untied head (zero_init; else
+        llm.c's 0.02 / sqrt(2 n_layer) for the projections); callable again after `to_empty()`."""
+        c = self.config
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                if module is self.lm_head:
+                    if c.tie_embeddings:
+                        continue  # it is wte, initialised as an embedding
+                    if c.zero_init:
+                        nn.init.zeros_(module.weight)
+                    else:
+                        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                elif getattr(module, "OUTPUT_PROJECTION", False):
+                    if c.zero_init:
+                        nn.init.zeros_(module.weight)
+                    else:
+                        nn.init.normal_(module.weight, std=0.02 / math.sqrt(2 * c.n_layer))
+                else:
+                    nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # a tied head counted once
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs a token, llm.c's formula 6N + 6*L*C*T, N the parameters that take part
+        in a matmul: an untied token embedding is a lookup, left out (GPT-2's tied one is the
+        head, and counts); learned positions count, as llm.c counts them."""
+        c = self.config
+        n = self.num_params()
+        if not c.tie_embeddings:
+            n -= self.transformer.wte.weight.numel()
+        return 6 * n + 6 * c.n_layer * c.n_embd * seq_len
+
+    def head_flops_per_token(self) -> int:
+        """The LM head's share of flops_per_token (6 * V * C, V padded)."""
+        return 6 * self.config.padded_vocab_size * self.config.n_embd
+
+    def blocks(self) -> list[nn.Module]:
+        """The repeated blocks, in order: what parallelize shards (and compiles) one by one."""
+        return list(self.transformer.h)
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """The trunk, up to the final norm: (B, T) -> (B, T, C)."""
+        c = self.config
+        T = idx.size(1)
+        assert T <= c.block_size, f"sequence of {T} exceeds block_size"
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if not c.rope:
+            x = x + self.transformer.wpe(torch.arange(T, dtype=torch.long, device=idx.device))
+        x = self.transformer.ln_e(x)
+        rope = rotary(T, c.n_embd // c.n_head, c.rope_base, idx.device) if c.rope else None
+        for block in self.transformer.h:
+            x = block(x, rope)
+        return self.transformer.ln_f(x)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(fp32 logits (B, T, vocab_size), None) without targets; (None, mean loss) with them."""
+        x = self.hidden_states(idx)  # (B, T, C)
+        if targets is None:
+            return self.head(x), None  # (B, T, V)
+        weight = self.lm_head.weight
+        if not self.padded_head_matmul:
+            weight = weight[: self.config.vocab_size]
+        if self.head_on_counted_only:
+            counted = targets != -1
+            x, targets = x[counted], targets[counted]  # (N, C), (N,): a host sync (the shape)
+        loss = self.loss_fn(x, weight, targets, self.config.vocab_size, self.config.logit_softcap)
+        return None, loss
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Soft-capped fp32 logits over the real vocabulary for hidden states h (..., C)."""
+        logits = F.linear(h, self.lm_head.weight[: self.config.vocab_size]).float()
+        return soft_cap(logits, self.config.logit_softcap)
+
+    def compile_loss(self) -> None:
+        """torch.compile the LM head + loss: it fuses the softmax into the loss (training only)."""
+        self.loss_fn = torch.compile(lm_head_loss)
