@@ -53,6 +53,10 @@ CASES = {
         lambda c: c["models"]["tiny"].update(n_layers=3),
         "models.tiny: unknown key 'n_layers' (did you mean 'n_layer'?)",
     ),
+    "warmup_and_cooldown_exceed_the_steps": (
+        lambda c: c["runs"]["embedded-a"]["train"]["schedule"].update(cooldown_steps=21),
+        "runs.embedded-a.train.schedule: warmup_steps 4 + cooldown_steps 21 exceed max_steps 24",
+    ),
     "padded_vocab_below_vocab": (
         lambda c: c["models"]["tiny"].update(padded_vocab_size=50000),
         "models.tiny: padded_vocab_size is below vocab_size",

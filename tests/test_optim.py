@@ -17,6 +17,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import async_save
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from conftest import CONFIG_FILE
+from lmpipe import config as lmconfig
+from lmpipe import schema
 from lmpipe.config import ModelConfig, ScheduleConfig, TrainJob, train_config
 from lmpipe.data.shards import write_shard
 from lmpipe.models import build_model
@@ -117,6 +120,40 @@ def test_lr_at_by_hand(warmup, floor, step, expected):
     schedule = ScheduleConfig(warmup_steps=warmup, lr_floor=floor)
     assert lr_at(step, 1.0, schedule, max_steps=10) == pytest.approx(expected, abs=1e-12)
     assert lr_at(step, 3.0, schedule, max_steps=10) == pytest.approx(3 * expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "warmup, step, expected",
+    [
+        (0, 0, 1.0),  # no warmup: the peak, held
+        (0, 5, 1.0),  # the last step before the cooldown's 4 (steps 6..9)
+        (0, 6, 1.0),  # the cooldown's first: (10 - 6) / 4
+        (0, 7, 0.75),  # (10 - 7) / 4
+        (0, 9, 0.25),  # the last step: modded-nanogpt's (num_iterations - it) / warmdown_iters
+        (2, 0, 0.5),  # warmup first: (0 + 1) / 2
+        (2, 4, 1.0),
+    ],
+)
+def test_lr_at_with_a_cooldown_by_hand(warmup, step, expected):
+    """schedule.cooldown_steps (warmup-stable-decay): the peak until the last 4 of 10 steps,
+    then linearly to the floor (0 here; with floor 0.2: 0.2 + 0.8 x the same share)."""
+    schedule = ScheduleConfig(warmup_steps=warmup, cooldown_steps=4)
+    assert lr_at(step, 1.0, schedule, max_steps=10) == pytest.approx(expected, abs=1e-12)
+    floored = ScheduleConfig(warmup_steps=warmup, lr_floor=0.2, cooldown_steps=4)
+    if step >= warmup:
+        want = 0.2 + 0.8 * expected
+        assert lr_at(step, 1.0, floored, max_steps=10) == pytest.approx(want, abs=1e-12)
+
+
+def test_a_schedule_without_cooldown_keeps_its_train_params():
+    """cooldown_steps 0 (the default) is left out of the train params: no finished run reruns
+    because the key was added; a cooldown is a trajectory setting and is in them."""
+    config = schema.load_config(CONFIG_FILE)
+    params = json.loads(lmconfig.train_params(config, "embedded-a"))
+    assert params["train"]["schedule"] == {"warmup_steps": 4, "lr_floor": 0.0}
+    config["runs"]["embedded-a"]["train"]["schedule"]["cooldown_steps"] = 8
+    params = json.loads(lmconfig.train_params(config, "embedded-a"))
+    assert params["train"]["schedule"]["cooldown_steps"] == 8
 
 
 # ---- the loop: schedule, clip value and MFU as it applies them ----------------------------------

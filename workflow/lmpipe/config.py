@@ -156,10 +156,13 @@ def unknown_model_key(key: str, arch: str, names: typing.Iterable[str]) -> str:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """Linear warmup to each parameter group's peak lr, then cosine decay to `lr_floor` x peak."""
+    """Linear warmup to each parameter group's peak lr, then cosine decay to `lr_floor` x peak;
+    or, with `cooldown_steps`, the peak held until the last `cooldown_steps` steps, which decay
+    linearly to the floor (warmup-stable-decay: modded-nanogpt's trapezoid)."""
 
     warmup_steps: int = 0
     lr_floor: float = 0.0
+    cooldown_steps: int = 0  # 0: cosine after the warmup
 
 
 @dataclass(frozen=True)
@@ -504,12 +507,15 @@ def conversations_params(config: dict[str, Any], dataset: str) -> str:
 
 def _train_settings(train: TrainConfig) -> dict[str, Any]:
     """The train section as the train rule's params. A key added since a run was trained is left
-    out while it has the value that behaves as before (checkpoint_async: false, no eval_tasks),
+    out while it has the value that behaves as before (checkpoint_async: false, no eval_tasks,
+    schedule.cooldown_steps: 0),
     so that adding it never reruns a finished run (Snakemake reruns a job whose params changed).
     eval_task_items is left out too while there are no eval_tasks: it changes nothing then."""
     settings = dataclasses.asdict(train)
     if not settings["checkpoint_async"]:
         del settings["checkpoint_async"]
+    if not settings["schedule"]["cooldown_steps"]:
+        del settings["schedule"]["cooldown_steps"]
     if not settings["eval_tasks"]:
         del settings["eval_tasks"], settings["eval_task_items"]
     return settings

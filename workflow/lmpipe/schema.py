@@ -337,6 +337,12 @@ def check_config(config: dict[str, Any]) -> None:
             rc.train.grad_accum_steps(rc.launch.world_size)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+        sched = rc.train.schedule
+        if rc.train.max_steps and sched.warmup_steps + sched.cooldown_steps > rc.train.max_steps:
+            raise ConfigError(
+                f"{where}.train.schedule: warmup_steps {sched.warmup_steps} + cooldown_steps"
+                f" {sched.cooldown_steps} exceed max_steps {rc.train.max_steps}"
+            )
         if rc.train.eval_tasks and not rc.train.eval_every:
             raise ConfigError(
                 f"{where}.train.eval_tasks: scored at the steps of HellaSwag during training,"

@@ -36,10 +36,14 @@ def adamw(model: torch.nn.Module, s: AdamWSettings) -> torch.optim.AdamW:
 
 
 def lr_at(step: int, peak: float, schedule: ScheduleConfig, max_steps: int) -> float:
-    """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine to the floor."""
+    """Learning rate of optimizer step `step` (0-based): linear warmup, then cosine to the floor
+    (or, with `schedule.cooldown_steps`, the peak, then linearly to the floor)."""
     if step < schedule.warmup_steps:
         return peak * (step + 1) / schedule.warmup_steps
     min_lr = peak * schedule.lr_floor
+    if schedule.cooldown_steps:  # hold the peak, then linearly down to the floor at max_steps
+        left = max_steps - step  # modded-nanogpt: lr x (num_iterations - it) / warmdown_iters
+        return min_lr + (peak - min_lr) * min(1.0, left / schedule.cooldown_steps)
     decay_ratio = (step - schedule.warmup_steps) / max(1, max_steps - schedule.warmup_steps)
     coeff = 0.5 * (1.0 + math.cos(math.pi * min(decay_ratio, 1.0)))  # 1 -> 0
     return min_lr + coeff * (peak - min_lr)
