@@ -329,6 +329,25 @@ def test_hellaswag_plot_only_when_measured(layout: Layout, tmp_path: Path) -> No
     assert 'id="figure-loss"' in html and 'id="figure-lr"' in html
 
 
+def test_val_loss_against_wall_time_compares_two_runs_or_more(
+    layout: Layout, tmp_path: Path
+) -> None:
+    """Recipes differ in what a step costs: a figure of val loss against the trainer's wall time,
+    drawn for two runs or more of one dataset, with each val line's own wall_s."""
+    from lmpipe.report.figures import wall_figure
+
+    write_run(layout, "a")
+    html = render(layout, {"a": settings(3e-3)}, tmp_path)
+    assert 'id="figure-wall"' not in html  # one run: nothing to compare
+    write_run(layout, "b")
+    html = render(layout, {"a": settings(3e-3), "b": settings(1e-3)}, tmp_path)
+    assert 'id="figure-wall"' in html and 'id="figure-loss"' in html
+    runs = [load_run(layout, n, settings(3e-3)) for n in ("a", "b")]
+    for r in runs:  # val lines logged before wall_s existed: no figure rather than a wrong one
+        r.val = [{k: v for k, v in row.items() if k != "wall_s"} for row in r.val]
+    assert wall_figure(runs) is None
+
+
 def test_provenance_and_samples(layout: Layout, tmp_path: Path) -> None:
     write_run(layout, "a")
     html = render(layout, {"a": settings(3e-3)}, tmp_path)

@@ -80,6 +80,32 @@ def loss_figure(runs: list[Run]) -> str | None:
     return _png(fig)
 
 
+def wall_figure(runs: list[Run]) -> str | None:
+    """Val loss against the trainer's wall time (evaluations during training included), one panel
+    a dataset: two recipes that differ in step cost compare here, not against tokens. None
+    unless two or more runs logged val losses with their wall time."""
+    panels = {
+        dataset: [r for r in panel if r.val and "wall_s" in r.val[-1]]
+        for dataset, panel in loss_panels(runs).items()
+    }
+    panels = {dataset: panel for dataset, panel in panels.items() if len(panel) > 1}
+    if not panels:
+        return None
+    colors = _colors(runs)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.8 * len(panels)), squeeze=False)
+    for ax, (dataset, panel) in zip(axes[:, 0], panels.items(), strict=True):
+        for r in panel:
+            rows = [row for row in r.val if "wall_s" in row]
+            ax.plot([row["wall_s"] for row in rows], [row["val_loss"] for row in rows], "o-",
+                    color=colors[r.name], ms=4, lw=2, label=f"{r.name} val")  # fmt: skip
+        ax.set(xlabel="wall time of training (s)", ylabel="val loss (nats a token)",
+               title=f"Val loss against wall time on {dataset}")  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return _png(fig)
+
+
 def lr_figure(runs: list[Run]) -> str | None:
     runs = [r for r in runs if any("lr" in row for row in r.train)]
     if not runs:

@@ -33,6 +33,7 @@ from lmpipe.report.figures import (
     lr_figure,
     suite_figure,
     throughput_figure,
+    wall_figure,
 )
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import (
@@ -249,6 +250,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         )
     figures = {
         "loss": loss_figure(runs),
+        "wall": wall_figure(runs),
         "lr": lr_figure(runs),
         "throughput": throughput_figure(runs),
         "hellaswag": hellaswag_figure(runs),
