@@ -89,7 +89,8 @@ def train(job: dict[str, Any], manifest: Path, out: Path) -> list[dict[str, Any]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"training {out} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    return read_json_lines(out / "metrics.jsonl")
+    values, _torn = read_json_lines(out / "metrics.jsonl")
+    return [record for _line, record in values]
 
 
 def tokens_to_reach(lines: list[dict[str, Any]], target: float) -> float | None:
