@@ -171,7 +171,8 @@ def open_in_chromium(html_file: Path, screenshot: Path) -> dict[str, Any]:
 @pytest.fixture
 def report_file(tmp_path: Path) -> Path:
     """A two-run report (one unfinished, one with restarts), with HellaSwag measured during
-    training: 4 figures."""
+    training: 5 figures (losses against tokens and against wall time, lr, throughput,
+    HellaSwag)."""
     layout = Layout(results=str(tmp_path / "results"), data=str(tmp_path / "data"))
     write_manifest(layout)
     write_run(layout, "a", hellaswag_curve=True)
@@ -185,7 +186,7 @@ def test_report_renders_in_chromium(report_file: Path, tmp_path: Path) -> None:
     screenshot = Path(os.environ.get("LMPIPE_SCREENSHOT", tmp_path / "report.png"))
     seen = open_in_chromium(report_file, screenshot)
     assert seen["errors"] == []
-    assert len(seen["images"]) == 4, seen["images"]
+    assert len(seen["images"]) == 5, seen["images"]
     for img in seen["images"]:
         assert img["complete"] and img["width"] > 0 and img["height"] > 0, img
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
