@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from typing import Any
 
 import matplotlib
 
@@ -146,6 +147,22 @@ def throughput_figure(runs: list[Run]) -> str | None:
 HELLASWAG_REFERENCES = ("OpenAI GPT-2 124M", "GPT-3 Small (125M)")
 
 
+def _accuracy_curve(
+    ax: plt.Axes, name: str, color: str, rows: list[dict[str, Any]], key: str, items_key: str
+) -> None:
+    """An accuracy measured during training against tokens, with its 95% band (normal
+    approximation, 1.96 standard errors) where every line says how many items it scored."""
+    xs, ys = [row["tokens"] for row in rows], [row[key] for row in rows]
+    items = [row.get(items_key) for row in rows]
+    label = name + (f" ({items[-1]:,} items)" if items[-1] else "")
+    ax.plot(xs, ys, "o-", color=color, ms=3, label=label)
+    if all(items):
+        half = [1.96 * math.sqrt(y * (1 - y) / n) for y, n in zip(ys, items, strict=True)]
+        lo = [y - h for y, h in zip(ys, half, strict=True)]
+        hi = [y + h for y, h in zip(ys, half, strict=True)]
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.12, lw=0)
+
+
 def hellaswag_references() -> list[tuple[str, float]]:
     """(label, acc_norm) of HELLASWAG_REFERENCES, from lmpipe.report.references."""
     refs = [r for r in references_with("hellaswag") if r.name in HELLASWAG_REFERENCES]
@@ -163,16 +180,8 @@ def hellaswag_figure(runs: list[Run]) -> str | None:
     colors = _colors(runs)
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for r in runs:
-        xs = [row["tokens"] for row in r.hellaswag_curve]
-        ys = [row["hellaswag"] for row in r.hellaswag_curve]
-        items = [row.get("hellaswag_items") for row in r.hellaswag_curve]
-        label = r.name + (f" ({items[-1]:,} items)" if items[-1] else "")
-        ax.plot(xs, ys, "o-", color=colors[r.name], ms=3, label=label)
-        if all(items):
-            half = [1.96 * math.sqrt(y * (1 - y) / n) for y, n in zip(ys, items, strict=True)]
-            lo = [y - h for y, h in zip(ys, half, strict=True)]
-            hi = [y + h for y, h in zip(ys, half, strict=True)]
-            ax.fill_between(xs, lo, hi, color=colors[r.name], alpha=0.12, lw=0)
+        rows = r.hellaswag_curve
+        _accuracy_curve(ax, r.name, colors[r.name], rows, "hellaswag", "hellaswag_items")
     _reference_lines(ax, hellaswag_references())
     ax.axhline(0.25, color="0.75", lw=3, label="chance (four endings)")
     ax.set(xlabel="tokens trained", ylabel="HellaSwag acc_norm", title="HellaSwag during training")
@@ -234,15 +243,7 @@ def suite_figure(runs: list[Run]) -> str | None:
             rows = [row for row in r.suite_curve if key in row]
             if not rows:
                 continue
-            xs, ys = [row["tokens"] for row in rows], [row[key] for row in rows]
-            items = [row.get(f"{key}_items") for row in rows]
-            label = r.name + (f" ({items[-1]:,} items)" if items[-1] else "")
-            ax.plot(xs, ys, "o-", color=colors[r.name], ms=3, label=label)
-            if all(items):
-                half = [1.96 * math.sqrt(y * (1 - y) / n) for y, n in zip(ys, items, strict=True)]
-                lo = [y - h for y, h in zip(ys, half, strict=True)]
-                hi = [y + h for y, h in zip(ys, half, strict=True)]
-                ax.fill_between(xs, lo, hi, color=colors[r.name], alpha=0.12, lw=0)
+            _accuracy_curve(ax, r.name, colors[r.name], rows, key, f"{key}_items")
         _reference_lines(ax, suite_references(task))
         choices = SUITE_TASKS[task].choices
         ax.axhline(1 / choices, color="0.75", lw=3, label=f"chance ({choices} choices)")
