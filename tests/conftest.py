@@ -107,6 +107,23 @@ def kill_at_checkpoint(cmd: list[str], env: dict, out: Path, step: int, timeout:
 # ---- reading W&B's own files back (logging.wandb, offline) ---------------------------------------
 
 
+def run_ranks_or_fail(fn, args: tuple, nprocs: int, timeout: float = 120) -> None:
+    """Spawn `nprocs` ranks of `fn(rank, *args)` and wait; kill them and fail the test if they
+    have not all finished within `timeout` seconds: ranks that ran unequal forward passes under
+    FSDP wait for each other in an all-gather forever."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.time() + timeout
+    while not ctx.join(timeout=1):
+        if time.time() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks did not finish: unequal forward passes deadlock FSDP")
+
+
 def wandb_records(path: Path):
     """The protobuf records of a `.wandb` file (wandb 0.31 ships no reader in Python): LevelDB's
     log format, 32 KiB blocks of chunks (crc32, length, type), after a 7-byte W&B header."""

@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_train import MODEL, command, config, load_final, losses, manifest, metrics, run
 
-from conftest import CONFIG_FILE, RESOURCES, kill_at_checkpoint
+from conftest import CONFIG_FILE, RESOURCES, kill_at_checkpoint, run_ranks_or_fail
 from lmpipe.config import TrainJob
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval.hellaswag import NUM_ENDINGS as ENDINGS
@@ -153,16 +151,7 @@ def test_two_fsdp_ranks_count_what_one_process_scores(tmp_path):
     from lmpipe.models import build_model
 
     n, port = 9, 29000 + os.getpid() % 1000
-    ctx = mp.start_processes(
-        score_on_ranks, args=(2, port, n, str(tmp_path)), nprocs=2, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.time() + 120
-    while not ctx.join(timeout=1):
-        if time.time() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the ranks did not finish: unequal forward passes deadlock FSDP")
+    run_ranks_or_fail(score_on_ranks, (2, port, n, str(tmp_path)), nprocs=2)
     torch.manual_seed(0)
     model = build_model(tiny()).eval()
     enc = gpt2_encoding(TOKENIZER_DIR)

@@ -13,18 +13,16 @@ import copy
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import yaml
 from test_train import MODEL, command, config, load_final, manifest, metrics
 from test_train_eval import HELLASWAG
 
-from conftest import CONFIG_FILE
+from conftest import CONFIG_FILE, run_ranks_or_fail
 from lmpipe import config as lmconfig
 from lmpipe import plan, schema
 from lmpipe.config import ConfigError
@@ -295,16 +293,7 @@ def test_two_fsdp_ranks_count_what_the_native_scorer_counts(suite, tmp_path):
     from lmpipe.models import build_model
 
     port = 29000 + (os.getpid() + 500) % 1000
-    ctx = mp.start_processes(
-        score_on_ranks, args=(2, port, str(suite), str(tmp_path)), nprocs=2, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.time() + 120
-    while not ctx.join(timeout=1):
-        if time.time() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the ranks did not finish: unequal forward passes deadlock FSDP")
+    run_ranks_or_fail(score_on_ranks, (2, port, str(suite), str(tmp_path)), nprocs=2)
     torch.manual_seed(0)
     expected = native_counts(build_model(tiny()).eval(), suite, ITEMS)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
