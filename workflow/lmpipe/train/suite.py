@@ -5,10 +5,10 @@ lm-eval's requests, log-likelihoods, acc and acc_norm), the items shared out ove
 The rule of lmpipe.train.hellaswag: each rank takes a strided share of a task's items
 (items[rank::world_size]), padded to as many items as every other rank's with copies of the
 first item, which are scored and never counted; the counts of right answers are summed over the
-ranks. The suite's scorer batches by the rows' shapes (one forward a shared context of one-token
-choices, a batch slot a row otherwise: `native.forward_passes`), so equal items need not mean
-equal forwards: a rank with fewer runs empty forwards until it has run as many as the most of
-any rank (under FSDP each forward all-gathers, and a rank that stopped early would leave the
+ranks. The suite's scorer batches by the rows' tokens (prefix trees packed into sequences, a
+forward pass a few packs: `native.forward_passes`), so equal items need not mean equal
+forwards: a rank with fewer runs empty forwards until it has run as many as the most of any
+rank (under FSDP each forward all-gathers, and a rank that stopped early would leave the
 others waiting in an all-gather).
 """
 
@@ -45,8 +45,9 @@ class SuiteShare:
         """The task's figure: acc_norm where lm-eval's task has it, else acc (the suite's)."""
         return TASKS[self.name].headline
 
-    def forwards(self, batch_rows: int) -> int:
-        return native.forward_passes(self.rows, batch_rows)
+    def forwards(self, batch_rows: int, model: torch.nn.Module) -> int:
+        block_size = model.config.block_size
+        return native.forward_passes(self.rows, batch_rows, block_size, native.pack_size(model))
 
 
 def task_share(name: str, items: list[Item], rank: int, world_size: int) -> SuiteShare:
@@ -76,7 +77,7 @@ def task_correct(
 ) -> dict[str, int]:
     """Items right over all ranks, by each of the task's metrics (lm-eval's acc, acc_norm). The
     model scores in eval mode and is left in the mode it was in."""
-    mine = torch.tensor(share.forwards(batch_rows), device=device)
+    mine = torch.tensor(share.forwards(batch_rows, model), device=device)
     most = mine.clone()
     dist.all_reduce(most, op=dist.ReduceOp.MAX)  # the forwards every rank runs
     was_training = model.training

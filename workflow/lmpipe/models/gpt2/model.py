@@ -46,13 +46,16 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
         self.c_proj.RESIDUAL_SCALE = True  # llm.c: scaled init for residual projections
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # (B, 1, T, T) bool, True where a query may attend: packed scoring rows
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
@@ -77,8 +80,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -143,15 +146,25 @@ class GPT(nn.Module):
         what a position saves when `head_on_counted_only` skips it."""
         return 6 * self.config.padded_vocab_size * self.config.n_embd
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The trunk, up to the final LayerNorm: (B, T) -> (B, T, C). Scorers that need the
-        head at a few positions only (HellaSwag) apply it themselves."""
+        head at a few positions only (HellaSwag) apply it themselves.
+
+        Default: causal attention, positions 0..T-1. A packed sequence of scoring rows
+        (lmpipe.eval.packing) gives each token its own position (B, T) and the tokens it may
+        attend to (B, 1, T, T), and may then be longer than block_size."""
         T = idx.size(1)
-        assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        if positions is None:
+            assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
+            positions = torch.arange(T, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C)
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, mask)
         return self.transformer.ln_f(x)
 
     def forward(

@@ -85,7 +85,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     depend on their positions' difference only."""
     d = x.size(-1) // 2
     x1, x2 = x[..., :d], x[..., d:]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, hs/2)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (T, 1, hs/2), or (B, T, 1, hs/2)
     y1 = x1 * cos + x2 * sin
     y2 = x1 * (-sin) + x2 * cos
     return torch.cat([y1, y2], dim=-1).type_as(x)
@@ -101,7 +101,12 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.OUTPUT_PROJECTION = True  # zero-initialised (zero_init)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, ...] | None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head)  # (B, T, nh, hs)
@@ -112,7 +117,10 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # (B, 1, T, T) bool, True where a query may attend: packed scoring rows
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
@@ -139,8 +147,13 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), rope)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, ...] | None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rope, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -228,18 +241,32 @@ class ModernGPT(nn.Module):
         """The repeated blocks, in order: what parallelize shards (and compiles) one by one."""
         return list(self.transformer.h)
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
-        """The trunk, up to the final norm: (B, T) -> (B, T, C)."""
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The trunk, up to the final norm: (B, T) -> (B, T, C). Default: causal attention,
+        positions 0..T-1; a packed sequence (lmpipe.eval.packing) gives its tokens' positions
+        (B, T) and the tokens each may attend to (B, 1, T, T), as GPT.hidden_states."""
         c = self.config
         T = idx.size(1)
-        assert T <= c.block_size, f"sequence of {T} exceeds block_size"
+        if positions is None:
+            assert T <= c.block_size, f"sequence of {T} exceeds block_size"
         x = self.transformer.wte(idx)  # (B, T, C)
         if not c.rope:
-            x = x + self.transformer.wpe(torch.arange(T, dtype=torch.long, device=idx.device))
+            pos = torch.arange(T, device=idx.device) if positions is None else positions
+            x = x + self.transformer.wpe(pos)
         x = self.transformer.ln_e(x)
-        rope = rotary(T, c.n_embd // c.n_head, c.rope_base, idx.device) if c.rope else None
+        rope = None
+        if c.rope:
+            n = T if positions is None else int(positions.max()) + 1
+            rope = rotary(n, c.n_embd // c.n_head, c.rope_base, idx.device)
+            if positions is not None:
+                rope = tuple(t[positions] for t in rope)  # (B, T, hs/2) each
         for block in self.transformer.h:
-            x = block(x, rope)
+            x = block(x, rope, mask)
         return self.transformer.ln_f(x)
 
     def forward(
