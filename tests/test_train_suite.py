@@ -163,13 +163,13 @@ def test_the_plan_prices_the_suite_tasks_with_hellaswag():
     assert hellaswag_only.suite_share == 0
     cost = plan.in_training_eval(config, "124m", None)
     assert cost.share == pytest.approx(hellaswag_only.share + cost.suite_share)
-    # one task by hand: copa's 100 items, each 28.5 tokens through d12 (2 rows), the head
-    # (2 x 50304 x 768 FLOPs a token) at 15.23 of them only
+    # one task by hand: copa's 100 items, each 17.6 tokens through d12 (2 rows packed, their
+    # context once), the head (2 x 50304 x 768 FLOPs a token) at 12.20 of them only
     copa = copy.deepcopy(config)
     copa["runs"]["124m"]["train"]["eval_tasks"] = ["copa"]
     cost = plan.in_training_eval(copa, "124m", None)
     n, head, C, L = 124_475_904, 2 * 50304 * 768, 768, 12
-    item = 28.5 * (2 * n + 2 * L * C * 28.5 / 2 - head) + 15.23 * head
+    item = 17.6 * (2 * n + 2 * L * C * 17.6 / 2 - head) + 12.20 * head
     train = 19073 * 524288 * (6 * n + 6 * L * C * 1024)
     assert cost.suite_items == 100
     assert cost.suite_flops_share == pytest.approx(cost.evals * 100 * item / train, rel=1e-9)
