@@ -68,10 +68,10 @@ def work(rows: list[native.Row], block_size: int, pack_tokens: int) -> tuple[int
     """(tokens through the model with the head at each: lm-eval's harness; tokens through the
     model, head positions: the native scorer) for scoring `rows`."""
     harness = sum(len(s) for s in {tuple((c + t)[:-1][-block_size:]) for c, t in rows})
-    packs, rest = packing.pack_rows(rows, pack_tokens, block_size)
-    nodes = sum(len(p.tokens) for p in packs) + block_size * len(rest)
+    packs = packing.pack_rows(rows, pack_tokens, block_size)
+    nodes = sum(len(p.tokens) for p in packs)
     heads = sum(len({n for nodes in p.predictors for n in nodes}) for p in packs)
-    return harness, nodes, heads + sum(len(rows[i][1]) for i in rest)
+    return harness, nodes, heads
 
 
 def print_work(config: ModelConfig, manifest: Path, tasks: list[str], items: int | None) -> None:
@@ -79,7 +79,7 @@ def print_work(config: ModelConfig, manifest: Path, tasks: list[str], items: int
     enc = gpt2_encoding(TOKENIZER_DIR)
     body = 2 * 12 * config.n_layer * config.n_embd**2  # a token through the blocks
     head = 2 * config.vocab_size * config.n_embd
-    pack_tokens = min(config.block_size, native.PACK_TOKENS)
+    pack_tokens = min(config.block_size, packing.PACK_TOKENS)
     print(f"forward FLOPs at {config.n_layer}x{config.n_embd}, block_size {config.block_size},")
     print(f"packs of {pack_tokens}: a token {body / 1e6:.0f}M, a head position {head / 1e6:.0f}M")
     cols = ("items", "lm-eval tok", "native tok", "head pos", "tok/item", "heads/item", "ratio")

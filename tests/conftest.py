@@ -107,6 +107,20 @@ def kill_at_checkpoint(cmd: list[str], env: dict, out: Path, step: int, timeout:
 # ---- reading W&B's own files back (logging.wandb, offline) ---------------------------------------
 
 
+def naive_logprob(model, ctx: list[int], cont: list[int]) -> float:
+    """The reference the batched scorers are held to: one row alone, left-truncated to the
+    model's block_size as lm-eval truncates, through the model's plain causal forward, the
+    log-softmax over every logit."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        seq = (ctx + cont)[-(model.config.block_size + 1) :]
+        logits, _ = model(torch.tensor([seq[:-1]]))
+        logp = F.log_softmax(logits[0, -len(cont) :], dim=-1)
+        return logp[torch.arange(len(cont)), torch.tensor(cont)].sum().item()
+
+
 def run_ranks_or_fail(fn, args: tuple, nprocs: int, timeout: float = 120) -> None:
     """Spawn `nprocs` ranks of `fn(rank, *args)` and wait; kill them and fail the test if they
     have not all finished within `timeout` seconds: ranks that ran unequal forward passes under

@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
+from conftest import naive_logprob
 from lmpipe.config import canonical_json
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
-from lmpipe.eval import hellaswag
+from lmpipe.eval import hellaswag, packing
 from lmpipe.eval.samples import generate, sample_completions
 from lmpipe.eval.val_loss import val_loss
 from lmpipe.models import load_hf
@@ -66,20 +66,13 @@ def test_load_items_limit_and_labels():
 # ---- the batched scorer against a plain one-row-at-a-time forward -------------------------------
 
 
-def naive_logprob(model: GPT, ctx: list[int], cont: list[int]) -> float:
-    seq = (ctx + cont)[-(model.config.block_size + 1) :]
-    logits, _ = model(torch.tensor([seq[:-1]]))
-    logp = F.log_softmax(logits[0, -len(cont) :], dim=-1)  # padded vocab is -inf: drops out
-    return logp[torch.arange(len(cont)), torch.tensor(cont)].sum().item()
-
-
 @torch.no_grad()
 def test_batched_scorer_equals_naive_forward(hf_dir):
     model = load_hf(hf_dir)
     items = hellaswag.load_items(ITEMS, 6)
     rows = [r for it in items for r in hellaswag.item_rows(it, ENC, "llmc")]
     rows.append((list(range(1000, 1200)), [11, 12, 13]))  # longer than block_size: truncated left
-    batched = hellaswag.continuation_logprobs(model, rows, batch_rows=7)
+    batched = packing.score_rows(model, rows, batch_rows=7)
     naive = np.array([naive_logprob(model, c, e) for c, e in rows])
     np.testing.assert_allclose(batched, naive, rtol=1e-5, atol=1e-4)
 

@@ -20,7 +20,7 @@ import torch
 
 from conftest import TOKENIZER_DIR
 from lmpipe.data.tokenizer import gpt2_encoding
-from lmpipe.eval import hellaswag
+from lmpipe.eval import hellaswag, packing
 
 ENC = gpt2_encoding(TOKENIZER_DIR)
 
@@ -145,7 +145,7 @@ def scored(monkeypatch, items, loglik, mode=None):
     """score() with the model's log-likelihoods given: only the metric is under test.
     No mode: score's default."""
     monkeypatch.setattr(
-        hellaswag, "continuation_logprobs", lambda *a, **k: np.array(loglik, dtype=float).ravel()
+        hellaswag.packing, "score_rows", lambda *a, **k: np.array(loglik, dtype=float).ravel()
     )
     if mode is None:
         return hellaswag.score(None, items, ENC, show_progress=False)
@@ -197,15 +197,16 @@ class Bigram(torch.nn.Module):
         g = torch.Generator().manual_seed(0)
         self.table = torch.randn(vocab, vocab, generator=g)
 
-    def hidden_states(self, idx):
+    def hidden_states(self, idx, positions=None, mask=None):
         return torch.nn.functional.one_hot(idx, self.table.shape[0]).float()
 
     def head(self, h):
         return h @ self.table
 
 
-def test_continuation_logprobs_sum_the_endings_log_probabilities_in_any_batch():
-    """Each row's ending log-probability equals a bigram's closed form, whatever the batch size."""
+def test_packed_rows_sum_the_endings_log_probabilities_in_any_batch():
+    """Each row's ending log-probability equals a bigram's closed form, whatever the batch size;
+    a long row is truncated from the left, a too-long ending is refused."""
     model = Bigram()
     logp = torch.log_softmax(model.table, dim=-1).double()
     rows = [([1, 2], [3]), ([4], [5, 6, 7]), ([1, 2, 3, 4, 5, 6, 7, 8], [9, 10]), ([0], [1])]
@@ -216,11 +217,11 @@ def test_continuation_logprobs_sum_the_endings_log_probabilities_in_any_batch():
     updates = []
     progress = SimpleNamespace(update=updates.append)
     for batch_rows in (1, 3, 4):
-        got = hellaswag.continuation_logprobs(model, rows, batch_rows, progress=progress)
+        got = packing.score_rows(model, rows, batch_rows, progress=progress, rows_per_step=4)
         np.testing.assert_allclose(got, truth, rtol=1e-6)
     assert sum(updates) == pytest.approx(3 * len(rows) / 4)  # items: 4 rows each
-    with pytest.raises(AssertionError, match="ending of 7 tokens vs block_size 6"):
-        hellaswag.continuation_logprobs(model, [([1], [2] * 7)], 2)
+    with pytest.raises(ValueError, match="continuation of 7 tokens is longer than block_size"):
+        packing.score_rows(model, [([1], [2] * 7)], 2)
 
 
 # ---- the `hellaswag` evaluation ----------------------------------------------------------------

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import naive_logprob
 from lmpipe.config import canonical_json
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
-from lmpipe.eval.hellaswag import continuation_logprobs
+from lmpipe.eval import packing
 from lmpipe.eval.suite import data as suite_data
 from lmpipe.eval.suite import native
 from lmpipe.eval.suite.data import SuiteDataError, load_task
@@ -415,8 +416,8 @@ def test_shared_context_rows_equal_one_row_at_a_time(hf_dir):
     rows = [(ENC.encode_ordinary("Question: which?\nAnswer:"), t) for t in letters]
     rows += [(list(range(1000, 1300)), t) for t in letters]  # longer than block_size
     rows += [(ENC.encode_ordinary("The sky is"), ENC.encode_ordinary(" very blue"))]
-    batched = native.row_logprobs(model, rows, batch_rows=3)
-    one_by_one = [continuation_logprobs(model, [row], 1)[0] for row in rows]
+    batched = packing.score_rows(model, rows, batch_rows=3)
+    one_by_one = [naive_logprob(model, ctx, cont) for ctx, cont in rows]
     np.testing.assert_allclose(batched, one_by_one, rtol=1e-5, atol=1e-5)
 
 

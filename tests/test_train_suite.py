@@ -27,6 +27,7 @@ from lmpipe import config as lmconfig
 from lmpipe import plan, schema
 from lmpipe.config import ConfigError
 from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval import packing
 from lmpipe.eval.suite import data as suite_data
 from lmpipe.eval.suite import native
 from lmpipe.eval.suite.data import load_task
@@ -91,9 +92,8 @@ def test_forward_passes_is_what_the_native_scorer_runs(suite, name):
     rows = native.item_rows(load_task(suite, name, 13).items, ENC)
     for batch in (3, 8):
         model.calls = 0
-        native.row_logprobs(model, rows, batch)
-        block, pack = model.config.block_size, native.pack_size(model)
-        assert model.calls == native.forward_passes(rows, batch, block, pack), (name, batch)
+        packing.score_rows(model, rows, batch)
+        assert model.calls == packing.forward_passes(model, rows, batch), (name, batch)
 
 
 def test_an_unknown_task_is_refused_naming_the_key(tmp_path):
@@ -217,7 +217,7 @@ def test_the_metrics_line_is_an_eval_line_the_report_reads_and_draws(tmp_path):
 
 # ---- 2 FSDP ranks against one process, the scorer alone ----------------------------------------
 
-ITEMS, BATCH_ROWS = 11, 8  # the 11 first items (swapped as below): boolq's 3 forwards, then 2
+ITEMS, BATCH_ROWS = 11, 8  # the 11 first items (swapped as below): copa's 1 forward, then 2
 
 
 def tiny():
@@ -288,7 +288,7 @@ def native_counts(model: torch.nn.Module, suite: Path, limit: int) -> dict[str, 
 
 @pytest.mark.slow
 def test_two_fsdp_ranks_count_what_the_native_scorer_counts(suite, tmp_path):
-    """11 items on 2 ranks (6, and 5 + a padding item), boolq's in 3 and 2 forwards: only
+    """11 items on 2 ranks (6, and 5 + a padding item), copa's in 1 and 2 forwards: only
     with the empty forwards do the ranks finish (with blocks resharded after their forward, a
     rank that stopped early leaves the other waiting in an all-gather: the deadline)."""
     from lmpipe.models import build_model
@@ -298,7 +298,7 @@ def test_two_fsdp_ranks_count_what_the_native_scorer_counts(suite, tmp_path):
     torch.manual_seed(0)
     expected = native_counts(build_model(tiny()).eval(), suite, ITEMS)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert ranks[0]["forwards"]["boolq"] != ranks[1]["forwards"]["boolq"]  # exercised
+    assert ranks[0]["forwards"]["copa"] != ranks[1]["forwards"]["copa"]  # exercised
     assert set(expected["boolq"]) == {"acc"} and set(expected["arc_easy"]) == {"acc", "acc_norm"}
     for r in ranks:
         for reshard in ("False", "True"):

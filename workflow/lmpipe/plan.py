@@ -43,9 +43,11 @@ from lmpipe.throughputs import THROUGHPUTS, basis, figure, throughputs
 SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
 DEFAULT_GPU = "a100"  # llm.c's reference hardware, when a run names no gpu_model
 CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMPTS (4 each)
-# of eval.hellaswag_tokens_per_item (330), the endings' (4 x 31.4), where the LM head runs:
-# measured as that figure, llm.c scoring, over resources/hellaswag_val_sample.jsonl
-HELLASWAG_ENDING_TOKENS = 125.6
+# a HellaSwag item as the native scorer runs it (llm.c scoring, lmpipe.eval.packing): (tokens
+# through the model, positions the LM head runs at): its context once for the four endings, of
+# the rows' 330 tokens (eval.hellaswag_tokens_per_item, what lm-eval's harness runs); measured
+# over resources/hellaswag_val_sample.jsonl, block_size 1024, packs of 256 (2026-12-02)
+HELLASWAG_ITEM_TOKENS = (170.2, 120.0)
 # a suite task's item as the native scorer runs it (lmpipe.eval.suite.native): (tokens through
 # the model, positions the LM head runs at), the items' rows packed as prefix trees (a shared
 # context or prefix once, the head once a predicting position); measured over every item of
@@ -279,10 +281,10 @@ def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> EvalC
     """The cost of a run's HellaSwag (and train.eval_tasks) during training; None when it has
     none (eval_every 0).
 
-    An eval runs items x 4 rows (context + ending, hellaswag_tokens_per_item / 4 tokens a row)
-    forward: 2N + 2LCT FLOPs a token with T the row's length, less the LM head's 2VC (V padded)
-    where it does not run: at every token but the endings' (HELLASWAG_ENDING_TOKENS); each suite
-    task's items alike (suite_eval_flops: choices x items x tokens). Training runs 6N + 6LCT a
+    An eval runs each item's tokens forward, packed (HELLASWAG_ITEM_TOKENS): 2N + 2LCT FLOPs a
+    token with T a row's length (hellaswag_tokens_per_item / 4), less the LM head's 2VC (V padded)
+    where it does not run: everywhere but where an ending's token is predicted; each suite task's
+    items alike (suite_eval_flops). Training runs 6N + 6LCT a
     token (T = seq_len). Each at its own FLOP/s (eval's, train's)."""
     rc = lmconfig.run_config(config, run)
     t = rc.train
@@ -291,10 +293,10 @@ def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> EvalC
         return None
     evals = steps // t.eval_every + 1 + (1 if steps % t.eval_every else 0)
     items = hellaswag_items(config, rc, t.eval_items)
-    per_item = figure("eval", "hellaswag_tokens_per_item")
+    row = figure("eval", "hellaswag_tokens_per_item") / 4
     head = 2 * rc.model.padded_vocab_size * rc.model.n_embd  # FLOPs a token
-    item_flops = per_item * forward_flops_per_token(rc.model, per_item / 4)
-    item_flops -= (per_item - HELLASWAG_ENDING_TOKENS) * head
+    tokens, head_positions = HELLASWAG_ITEM_TOKENS
+    item_flops = tokens * (forward_flops_per_token(rc.model, row) - head) + head_positions * head
     suite_items, suite_flops = suite_eval_flops(rc)
     suite_flops *= evals
     eval_flops = evals * items * item_flops + suite_flops
@@ -422,10 +424,11 @@ def eval_tokens(config: dict[str, Any], rc: lmconfig.RunConfig, evaluation: str)
     T = rc.model.block_size
     if evaluation == "val_loss":
         return section.tokens
-    if evaluation in ("hellaswag", "hellaswag_lm_eval"):
+    if evaluation == "hellaswag":
+        return section.items * HELLASWAG_ITEM_TOKENS[0]
+    if evaluation == "hellaswag_lm_eval":
         per_item = figure("eval", "hellaswag_tokens_per_item")
-        slowdown = figure("eval", "lm_eval_slowdown") if evaluation == "hellaswag_lm_eval" else 1
-        return section.items * per_item * slowdown
+        return section.items * per_item * figure("eval", "lm_eval_slowdown")
     if evaluation in ("suite", "suite_lm_eval"):
         rows = sum(
             min(SUITE_TASKS[t].items, section.items or SUITE_TASKS[t].items)

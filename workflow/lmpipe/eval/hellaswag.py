@@ -13,9 +13,10 @@ Each item is a context and four endings; the model picks the ending it finds mos
   context's tokens); acc from the summed log-likelihood, acc_norm from the log-likelihood divided
   by the ending's length in characters.
 
-Speed comes from batching rows of many items together (sorted by length, so little padding) and
-from running the LM head only at the ending's positions, where lm-eval computes a log-softmax over
-the whole vocabulary at every position.
+Speed comes from packing the rows as prefix trees (lmpipe.eval.packing: an item's context through
+the model once for its four endings, many items a sequence) and from running the LM head only at
+the ending's positions, where lm-eval computes a log-softmax over the whole vocabulary at every
+position of every row.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval import packing
 from lmpipe.eval.results import mean_stderr, produced_by
 from lmpipe.models import load_hf
 from lmpipe.paths import TOKENIZER_DIR
@@ -150,55 +152,6 @@ def normaliser(item: dict, rows: list[tuple[list[int], list[int]]], mode: str) -
 # scoring
 
 
-@torch.no_grad()
-def continuation_logprobs(
-    model: torch.nn.Module,
-    rows: list[tuple[list[int], list[int]]],
-    batch_rows: int,
-    device: str | torch.device = "cpu",
-    progress: tqdm | None = None,
-    rows_per_step: float = NUM_ENDINGS,
-) -> np.ndarray:
-    """Summed log-probability of each row's continuation given its context.
-
-    `progress` advances by one for every `rows_per_step` rows scored (HellaSwag: an item).
-
-    A row longer than the model's block_size loses tokens from the left of its context (as
-    lm-eval truncates). Rows are sorted longest first and padded on the right: with causal
-    attention the padding never changes a real position.
-    """
-    T = model.config.block_size
-    out = np.zeros(len(rows), dtype=np.float64)
-    order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
-    for start in range(0, len(order), batch_rows):
-        chunk = order[start : start + batch_rows]
-        seqs = []
-        for i in chunk:
-            ctx, cont = rows[i]
-            assert 0 < len(cont) <= T, f"row {i}: ending of {len(cont)} tokens vs block_size {T}"
-            seqs.append((ctx + cont)[-(T + 1) :])  # inputs are seq[:-1], targets seq[1:]
-        L = max(len(s) for s in seqs) - 1
-        idx = torch.zeros((len(seqs), L), dtype=torch.long)
-        batch_ids, positions, targets = [], [], []
-        for b, (i, seq) in enumerate(zip(chunk, seqs, strict=True)):
-            n_in, n_cont = len(seq) - 1, len(rows[i][1])
-            idx[b, :n_in] = torch.tensor(seq[:-1])
-            batch_ids += [b] * n_cont
-            positions += range(n_in - n_cont, n_in)  # the positions that predict the ending
-            targets += seq[-n_cont:]
-        h = model.hidden_states(idx.to(device))  # (B, L, C)
-        h = h[torch.tensor(batch_ids, device=device), torch.tensor(positions, device=device)]
-        logits = model.head(h)  # (N, V): the vocab padding never enters the softmax
-        target_logits = logits.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1)
-        logp = target_logits - torch.logsumexp(logits, dim=-1)  # log-softmax at the targets only
-        sums = torch.zeros(len(chunk), dtype=torch.float64, device=device)
-        sums.index_add_(0, torch.tensor(batch_ids, device=device), logp.double())
-        out[chunk] = sums.cpu().numpy()
-        if progress is not None:
-            progress.update(len(chunk) / rows_per_step)
-    return out
-
-
 @dataclass
 class HellaSwagScore:
     mode: str
@@ -225,7 +178,9 @@ def score(
     with tqdm(
         total=len(items), desc=f"hellaswag ({mode})", unit="item", disable=not show_progress
     ) as bar:
-        ll = continuation_logprobs(model, rows, batch_items * NUM_ENDINGS, device, bar)
+        ll = packing.score_rows(
+            model, rows, batch_items * NUM_ENDINGS, device, bar, rows_per_step=NUM_ENDINGS
+        )
     ll = ll.reshape(len(items), NUM_ENDINGS)
     norm = np.stack([normaliser(it, r, mode) for it, r in zip(items, per_item, strict=True)])
     pred = ll.argmax(axis=1)  # ties go to the first ending, as np.argmax does in lm-eval

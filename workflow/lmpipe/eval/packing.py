@@ -15,8 +15,9 @@ causal attention over the same tokens at the same positions, up to float roundin
 runs at the nodes that predict a continuation token only, once a node (MMLU's four letters are
 read from one softmax). Packs fill a sequence, so a forward pass has little padding too.
 
-A row whose inputs are longer than the model's block_size is not packed: lm-eval truncates it
-from the left, and `lmpipe.eval.hellaswag.continuation_logprobs` scores it so.
+A row whose inputs are longer than the model's block_size is truncated from the left first, as
+lm-eval truncates it (its last block_size + 1 tokens), and packed so: one-token choices of a
+long context still share it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 Row = tuple[list[int], list[int]]
+
+# nodes a pack at most: dense masked attention over a pack costs ~4 * pack * n_embd FLOPs a token
+# a layer, against ~24 * n_embd**2 for the rest of the layer (+~5% at 124M)
+PACK_TOKENS = 256
 
 
 @dataclass
@@ -54,22 +60,29 @@ class Pack:
         return m
 
 
-def fits(row: Row, block_size: int) -> bool:
-    """The row's inputs (all its tokens but the last) fit the model untruncated."""
-    return len(row[0]) + len(row[1]) - 1 <= block_size
+def truncate(row: Row, block_size: int) -> Row:
+    """lm-eval's left truncation: a row whose inputs (all its tokens but the last) are longer
+    than block_size keeps its last block_size + 1 tokens, the continuation whole."""
+    ctx, cont = row
+    if len(ctx) + len(cont) - 1 <= block_size:
+        return row
+    if len(cont) > block_size:
+        raise ValueError(f"a continuation of {len(cont)} tokens is longer than block_size")
+    kept = (ctx + cont)[-(block_size + 1) :]
+    return kept[: -len(cont)], cont
 
 
-def pack_rows(rows: list[Row], pack_tokens: int, block_size: int) -> tuple[list[Pack], list[int]]:
-    """The packs of the rows that fit, and the indices of the rows that do not (in order).
-
-    A pack holds up to `pack_tokens` nodes, or up to block_size where one row's inputs alone need
-    more, or a row shares more of its inputs with the pack than it adds."""
-    seqs = {i: row[0] + row[1][:-1] for i, row in enumerate(rows) if fits(row, block_size)}
-    for i in seqs:
-        assert rows[i][0] and rows[i][1], f"row {i}: a context and a continuation are needed"
+def pack_rows(rows: list[Row], pack_tokens: int, block_size: int) -> list[Pack]:
+    """The rows (truncated to block_size) in packs, each of up to `pack_tokens` nodes, or up to
+    block_size where one row's inputs alone need more, or a row shares more of its inputs with
+    the pack than it adds."""
+    rows = [truncate(row, block_size) for row in rows]
+    for i, (ctx, cont) in enumerate(rows):
+        assert ctx and cont, f"row {i}: a context and a continuation are needed"
+    seqs = [ctx + cont[:-1] for ctx, cont in rows]  # the inputs
     packs: list[Pack] = []
     pack, prev, prev_nodes = None, [], []
-    for i in sorted(seqs, key=seqs.__getitem__):
+    for i in sorted(range(len(rows)), key=seqs.__getitem__):
         seq = seqs[i]
         shared = 0
         if pack is not None:
@@ -96,7 +109,7 @@ def pack_rows(rows: list[Row], pack_tokens: int, block_size: int) -> tuple[list[
         pack.predictors.append(nodes[n_ctx - 1 :])  # inputs n_ctx-1 .. end predict the targets
         pack.targets.append(rows[i][1])
         prev, prev_nodes = seq, nodes
-    return packs, [i for i in range(len(rows)) if i not in seqs]
+    return packs
 
 
 def forward_batches(packs: list[Pack], batch_rows: int) -> list[list[Pack]]:
@@ -147,3 +160,36 @@ def packed_logprobs(
     sums = torch.zeros(len(rows), dtype=torch.float64, device=device)
     sums.index_add_(0, torch.tensor(owner, device=device), logp.double())
     return list(zip(rows, sums.cpu().tolist(), strict=True))
+
+
+def pack_size(model: torch.nn.Module) -> int:
+    """Nodes a pack for `model`: its block_size, at most PACK_TOKENS."""
+    return min(model.config.block_size, PACK_TOKENS)
+
+
+def forward_passes(model: torch.nn.Module, rows: list[Row], batch_rows: int) -> int:
+    """The forwards `score_rows(model, rows, batch_rows)` runs: what FSDP ranks must equal when
+    each scores its own rows (lmpipe.train.hellaswag.as_many_forwards_as_any_rank)."""
+    packs = pack_rows(rows, pack_size(model), model.config.block_size)
+    return len(forward_batches(packs, batch_rows))
+
+
+def score_rows(
+    model: torch.nn.Module,
+    rows: list[Row],
+    batch_rows: int,
+    device: str | torch.device = "cpu",
+    progress: tqdm | None = None,
+    rows_per_step: float = 1.0,
+) -> np.ndarray:
+    """Summed log-probability of each row's continuation given its context, the rows packed
+    (module docstring), a forward pass packs until `batch_rows` rows. `progress` advances by one
+    for every `rows_per_step` rows scored (HellaSwag: an item)."""
+    out = np.zeros(len(rows), dtype=np.float64)
+    packs = pack_rows(rows, pack_size(model), model.config.block_size)
+    for batch in forward_batches(packs, batch_rows):
+        for i, logp in packed_logprobs(model, batch, device):
+            out[i] = logp
+        if progress is not None:
+            progress.update(sum(len(p.rows) for p in batch) / rows_per_step)
+    return out

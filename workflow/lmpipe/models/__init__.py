@@ -5,8 +5,9 @@ nn.Module that knows nothing of parallelism and offers what the trainer and eval
 
 - `forward(idx, targets=None)`: (fp32 logits over the real vocabulary, None) without targets,
   (None, mean loss) with them (targets of -1 do not count);
-- `hidden_states(idx)` and `head(h)`: the trunk and the LM head apart (scorers that need the head
-  at a few positions only);
+- `hidden_states(idx, positions=None, mask=None)` and `head(h)`: the trunk and the LM head apart
+  (scorers that need the head at a few positions only); positions (B, T) and a boolean
+  attention mask (B, 1, T, T) for packed scoring rows (lmpipe.eval.packing), causal by default;
 - `blocks()`: the repeated blocks, which FSDP shards (and compile compiles) one by one;
 - `init_weights()`, `num_params()`, `flops_per_token(seq_len)`, `head_flops_per_token()`,
   `compile_loss()` and the `head_on_counted_only` switch (fine-tuning: the head runs only where

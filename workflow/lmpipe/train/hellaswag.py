@@ -1,9 +1,11 @@
 """HellaSwag during training (`train.eval_every`), as llm.c does: the model as it trains, scored
 with lmpipe.eval.hellaswag's own llm.c scoring, the items shared out over the ranks.
 
-Under FSDP every forward all-gathers parameters, so every rank must run as many forwards: each
-rank takes a strided share of the items, padded to the same count, and the counts of right
-answers are summed over the ranks.
+Each rank takes a strided share of the items, padded to the same count, and the counts of right
+answers are summed over the ranks. Under FSDP every forward all-gathers parameters, so every
+rank must run as many forwards; the scorer packs rows by their tokens (lmpipe.eval.packing),
+so equal items need not mean equal forwards, and a rank with fewer runs empty ones up to the
+most of any rank (`as_many_forwards_as_any_rank`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from lmpipe.data.tokenizer import gpt2_encoding
-from lmpipe.eval.hellaswag import NUM_ENDINGS, continuation_logprobs, item_rows, normaliser
+from lmpipe.eval import packing
+from lmpipe.eval.hellaswag import NUM_ENDINGS, item_rows, normaliser
 from lmpipe.paths import TOKENIZER_DIR
 
 Row = tuple[list[int], list[int]]  # (context tokens, ending tokens)
@@ -67,6 +70,21 @@ def root_unsharded(model: torch.nn.Module) -> Iterator[None]:
         model.reshard()
 
 
+@contextmanager
+def as_many_forwards_as_any_rank(
+    model: torch.nn.Module, forwards: int, device: torch.device
+) -> Iterator[None]:
+    """Around a rank's `forwards` forward passes: then empty ones (a token each) up to the most
+    any rank runs (an all-reduce MAX first). Under FSDP each forward all-gathers, and a rank
+    that stopped early would leave the others waiting in an all-gather."""
+    most = torch.tensor(forwards, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    yield
+    empty = torch.zeros((1, 1), dtype=torch.long, device=device)
+    for _ in range(int(most.item()) - forwards):  # a host sync: the count is an int
+        model.hidden_states(empty)
+
+
 def hellaswag_correct(
     model: torch.nn.Module, share: HellaSwagShare, batch_items: int, device: torch.device
 ) -> tuple[int, int]:
@@ -75,8 +93,10 @@ def hellaswag_correct(
     was_training = model.training
     model.eval()
     try:
-        with root_unsharded(model):
-            ll = continuation_logprobs(model, share.rows, batch_items * NUM_ENDINGS, device)
+        batch_rows = batch_items * NUM_ENDINGS
+        forwards = packing.forward_passes(model, share.rows, batch_rows)
+        with root_unsharded(model), as_many_forwards_as_any_rank(model, forwards, device):
+            ll = packing.score_rows(model, share.rows, batch_rows, device)
     finally:
         model.train(was_training)
     ll = ll.reshape(-1, NUM_ENDINGS)

@@ -5,11 +5,9 @@ lm-eval's requests, log-likelihoods, acc and acc_norm), the items shared out ove
 The rule of lmpipe.train.hellaswag: each rank takes a strided share of a task's items
 (items[rank::world_size]), padded to as many items as every other rank's with copies of the
 first item, which are scored and never counted; the counts of right answers are summed over the
-ranks. The suite's scorer batches by the rows' tokens (prefix trees packed into sequences, a
-forward pass a few packs: `native.forward_passes`), so equal items need not mean equal
-forwards: a rank with fewer runs empty forwards until it has run as many as the most of any
-rank (under FSDP each forward all-gathers, and a rank that stopped early would leave the
-others waiting in an all-gather).
+ranks. The scorer packs the rows by their tokens (lmpipe.eval.packing), so equal items need not
+mean equal forwards: a rank with fewer runs empty ones up to the most of any rank
+(`as_many_forwards_as_any_rank`, as HellaSwag's).
 """
 
 from __future__ import annotations
@@ -22,11 +20,12 @@ import torch
 import torch.distributed as dist
 
 from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.eval import packing
 from lmpipe.eval.suite import native
 from lmpipe.eval.suite.data import TaskData, load_task
 from lmpipe.eval.suite.tasks import TASKS, Item
 from lmpipe.paths import TOKENIZER_DIR
-from lmpipe.train.hellaswag import root_unsharded
+from lmpipe.train.hellaswag import as_many_forwards_as_any_rank, root_unsharded
 
 
 @dataclass
@@ -46,8 +45,7 @@ class SuiteShare:
         return TASKS[self.name].headline
 
     def forwards(self, batch_rows: int, model: torch.nn.Module) -> int:
-        block_size = model.config.block_size
-        return native.forward_passes(self.rows, batch_rows, block_size, native.pack_size(model))
+        return packing.forward_passes(model, self.rows, batch_rows)
 
 
 def task_share(name: str, items: list[Item], rank: int, world_size: int) -> SuiteShare:
@@ -77,21 +75,16 @@ def task_correct(
 ) -> dict[str, int]:
     """Items right over all ranks, by each of the task's metrics (lm-eval's acc, acc_norm). The
     model scores in eval mode and is left in the mode it was in."""
-    mine = torch.tensor(share.forwards(batch_rows, model), device=device)
-    most = mine.clone()
-    dist.all_reduce(most, op=dist.ReduceOp.MAX)  # the forwards every rank runs
     was_training = model.training
     model.eval()
     try:
-        with root_unsharded(model):
+        forwards = share.forwards(batch_rows, model)
+        with root_unsharded(model), as_many_forwards_as_any_rank(model, forwards, device):
             data = TaskData(share.name, share.items, {})
             enc = gpt2_encoding(TOKENIZER_DIR)
             score = native.score_task(
                 model, data, enc, batch_rows, device, show_progress=False, rows=share.rows
             )
-            empty = torch.zeros((1, 1), dtype=torch.long, device=device)
-            for _ in range(int(most.item() - mine.item())):  # host sync: the counts are ints
-                model.hidden_states(empty)  # as many all-gathers as the busiest rank's
     finally:
         model.train(was_training)
     metrics = TASKS[share.name].metrics

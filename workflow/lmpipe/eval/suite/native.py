@@ -7,30 +7,22 @@ tokens as the context). The rows are scored packed as prefix trees (lmpipe.eval.
 context shared by an item's choices, or a prefix shared by items, runs through the model once;
 the LM head runs only where a continuation token is predicted, once a position (the one softmax
 that MMLU's, CommonsenseQA's and BoolQ's one-token choices are read from). A row longer than the
-model is truncated from the left of its context, as lm-eval truncates, and scored on its own.
+model is first truncated from the left of its context, as lm-eval truncates it.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import tiktoken
 import torch
 from tqdm import tqdm
 
 from lmpipe.data.tokenizer import EOT_ID
 from lmpipe.eval import packing
-from lmpipe.eval.hellaswag import continuation_logprobs
 from lmpipe.eval.suite.data import TaskData
 from lmpipe.eval.suite.metrics import TaskScore, choose
 from lmpipe.eval.suite.tasks import Item
 
 Row = packing.Row
-
-# nodes a pack at most: dense masked attention over a pack costs ~4 * pack * n_embd FLOPs a token
-# a layer, against ~24 * n_embd**2 for the rest of the layer (+~5% at 124M)
-PACK_TOKENS = 256
 
 
 def encode_pair(enc: tiktoken.Encoding, context: str, continuation: str) -> Row:
@@ -55,40 +47,6 @@ def item_rows(items: list[Item], enc: tiktoken.Encoding) -> list[Row]:
     ]
 
 
-def pack_size(model: torch.nn.Module) -> int:
-    """Nodes a pack (lmpipe.eval.packing): the model's block_size, at most PACK_TOKENS."""
-    return min(model.config.block_size, PACK_TOKENS)
-
-
-def forward_passes(rows: list[Row], batch_rows: int, block_size: int, pack_tokens: int) -> int:
-    """The model forwards `row_logprobs` runs on `rows` (a batch a forward): what FSDP ranks must
-    equal when each scores its own rows (lmpipe.train.suite)."""
-    packs, rest = packing.pack_rows(rows, pack_tokens, block_size)
-    return len(packing.forward_batches(packs, batch_rows)) + math.ceil(len(rest) / batch_rows)
-
-
-def row_logprobs(
-    model: torch.nn.Module,
-    rows: list[Row],
-    batch_rows: int,
-    device: str | torch.device = "cpu",
-    progress: tqdm | None = None,
-) -> np.ndarray:
-    """Summed log-probability of each row's continuation (see the module docstring)."""
-    out = np.zeros(len(rows), dtype=np.float64)
-    packs, rest = packing.pack_rows(rows, pack_size(model), model.config.block_size)
-    for batch in packing.forward_batches(packs, batch_rows):
-        for i, logp in packing.packed_logprobs(model, batch, device):
-            out[i] = logp
-        if progress is not None:
-            progress.update(sum(len(p.rows) for p in batch))
-    if rest:  # longer than the model: truncated from the left, a row a batch slot
-        out[rest] = continuation_logprobs(
-            model, [rows[i] for i in rest], batch_rows, device, progress, rows_per_step=1
-        )
-    return out
-
-
 def score_task(
     model: torch.nn.Module,
     data: TaskData,
@@ -103,7 +61,7 @@ def score_task(
     training tokenizes once)."""
     rows = item_rows(data.items, enc) if rows is None else rows
     with tqdm(total=len(rows), desc=data.name, unit="choice", disable=not show_progress) as bar:
-        ll = row_logprobs(model, rows, batch_rows, device, bar)
+        ll = packing.score_rows(model, rows, batch_rows, device, bar)
     score = TaskScore(data.name, [], [], [], [], [], dict(data.subjects))
     start = 0
     for item in data.items:
