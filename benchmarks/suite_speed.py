@@ -88,7 +88,11 @@ def print_work(config: ModelConfig, manifest: Path, tasks: list[str], items: int
     for name in tasks:
         data = load_task(manifest, name, items)
         rows = native.item_rows(data.items, enc)
-        harness, nodes, heads = work(rows, config.block_size, pack_tokens)
+        try:
+            harness, nodes, heads = work(rows, config.block_size, pack_tokens)
+        except ValueError as e:  # a choice longer than the model: neither scorer can run it
+            print(f"{name:16s} {e}")
+            continue
         flops = (harness * (body + head), nodes * body + heads * head)
         total = [total[0] + flops[0], total[1] + flops[1]]
         n = len(data.items)

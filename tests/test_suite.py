@@ -332,6 +332,26 @@ def test_malformed_task_files_are_named(tmp_path):
         load_task(manifest, "copa")
 
 
+def test_a_choice_longer_than_the_model_fails_its_task_only(manifest, tmp_path):
+    """PIQA's solutions run past a 16-token model: its task fails, named with the item and the
+    lengths; COPA's short choices are scored."""
+    torch.manual_seed(0)
+    model_dir = tmp_path / "hf16"
+    write_hf(
+        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16)), TOKENIZER, model_dir, {}
+    )
+    settings = SuiteSettings(tasks=["copa", "piqa"], items=6, batch=8)
+    result = evaluate(settings, model_dir, {"suite": manifest}, "cpu")
+    assert list(result["tasks"]) == ["copa"] and result["complete"] is False
+    assert re.fullmatch(
+        r"suite task piqa: item \d: a choice of \d+ tokens is longer than the model's"
+        r" block_size 16",
+        result["failed"]["piqa"],
+    )
+    with pytest.raises(SuiteDataError, match="no suite task could be scored"):
+        evaluate(SuiteSettings(tasks=["piqa"], items=6), model_dir, {"suite": manifest}, "cpu")
+
+
 def test_evaluate_keeps_the_other_tasks(tmp_path, hf_dir):
     manifest = small_copy(tmp_path, ["copa", "winogrande", "arc_easy"])
     arrow = manifest.parent / "winogrande" / "data-00000-of-00001.arrow"

@@ -47,6 +47,20 @@ def item_rows(items: list[Item], enc: tiktoken.Encoding) -> list[Row]:
     ]
 
 
+def check_choices_fit(data: TaskData, rows: list[Row], block_size: int) -> None:
+    """A choice longer than the model cannot be scored (lm-eval cannot either): an error that
+    names the task and the item, before any forward."""
+    start = 0
+    for k, item in enumerate(data.items):
+        for _, cont in rows[start : start + len(item.continuations)]:
+            if len(cont) > block_size:
+                raise ValueError(
+                    f"suite task {data.name}: item {k}: a choice of {len(cont)} tokens is longer"
+                    f" than the model's block_size {block_size}"
+                )
+        start += len(item.continuations)
+
+
 def score_task(
     model: torch.nn.Module,
     data: TaskData,
@@ -60,6 +74,7 @@ def score_task(
     items' rows as `item_rows` makes them, when the caller keeps them (an eval repeated during
     training tokenizes once)."""
     rows = item_rows(data.items, enc) if rows is None else rows
+    check_choices_fit(data, rows, model.config.block_size)
     with tqdm(total=len(rows), desc=data.name, unit="choice", disable=not show_progress) as bar:
         ll = packing.score_rows(model, rows, batch_rows, device, bar)
     score = TaskScore(data.name, [], [], [], [], [], dict(data.subjects))

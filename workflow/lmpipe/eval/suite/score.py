@@ -96,8 +96,15 @@ def evaluate(
     enc = gpt2_encoding(TOKENIZER_DIR)
     scores = {}
     for name, task_data in data.items():
-        score = native.score_task(model, task_data, enc, settings.batch, device)
+        try:
+            score = native.score_task(model, task_data, enc, settings.batch, device)
+        except ValueError as e:  # a choice longer than the model: the other tasks still count
+            print(f"suite: {e}")
+            failed[name] = str(e)
+            continue
         scores[name] = (score, task_metrics(TASKS[name], score))
+    if not scores:
+        raise SuiteDataError("no suite task could be scored:\n" + "\n".join(failed.values()))
     produced = produced_by(
         "lmpipe.eval.suite.native",
         model_dir,
