@@ -28,8 +28,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from lmpipe.chat.data import load_split, prepare, write  # noqa: E402
-from lmpipe.chat.loader import ConversationLoader  # noqa: E402
+from lmpipe.chat.data import prepare, write  # noqa: E402
+from lmpipe.chat.loader import ConversationLoader, load_split  # noqa: E402
 from lmpipe.config import ConversationsConfig, ModelConfig, ScheduleConfig, TrainConfig  # noqa: E402
 from lmpipe.data.tokenizer import gpt2_encoding  # noqa: E402
 from lmpipe.models.gpt2.model import GPT  # noqa: E402
