@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lmpipe.config import ModelConfig
+from lmpipe.models.attention import attend
 
 # The model's shape is the config's `models:` entry (one definition, torch-free, in lmpipe.config);
 # the sizes (d12 = 124M, d24 = 350M, ...) are named in config/config.yaml.
@@ -52,10 +53,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # (B, 1, T, T) bool, True where a query may attend: packed scoring rows
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = attend(q, k, v, mask)  # causal, or under a packed rows' mask
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 

@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lmpipe.config import ModelConfig, model_config
+from lmpipe.models.attention import attend
 
 
 def modern_config(**fields) -> ModelConfig:
@@ -117,10 +118,7 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # (B, 1, T, T) bool, True where a query may attend: packed scoring rows
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = attend(q, k, v, mask)  # causal, or under a packed rows' mask
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
