@@ -167,11 +167,12 @@ def pack_size(model: torch.nn.Module) -> int:
     return min(model.config.block_size, PACK_TOKENS)
 
 
-def forward_passes(model: torch.nn.Module, rows: list[Row], batch_rows: int) -> int:
-    """The forwards `score_rows(model, rows, batch_rows)` runs: what FSDP ranks must equal when
-    each scores its own rows (lmpipe.train.hellaswag.as_many_forwards_as_any_rank)."""
+def forward_plan(model: torch.nn.Module, rows: list[Row], batch_rows: int) -> list[list[Pack]]:
+    """The rows packed for `model` and grouped into forward passes, as `score_rows` runs them.
+    A caller that scores the same rows again (an eval during training) keeps it; its length is
+    the forwards that FSDP ranks must equal (train.hellaswag.as_many_forwards_as_any_rank)."""
     packs = pack_rows(rows, pack_size(model), model.config.block_size)
-    return len(forward_batches(packs, batch_rows))
+    return forward_batches(packs, batch_rows)
 
 
 def score_rows(
@@ -181,13 +182,15 @@ def score_rows(
     device: str | torch.device = "cpu",
     progress: tqdm | None = None,
     rows_per_step: float = 1.0,
+    plan: list[list[Pack]] | None = None,
 ) -> np.ndarray:
     """Summed log-probability of each row's continuation given its context, the rows packed
-    (module docstring), a forward pass packs until `batch_rows` rows. `progress` advances by one
-    for every `rows_per_step` rows scored (HellaSwag: an item)."""
+    (module docstring), a forward pass packs until `batch_rows` rows; `plan`: the rows'
+    `forward_plan`, where the caller keeps it. `progress` advances by one for every
+    `rows_per_step` rows scored (HellaSwag: an item)."""
     out = np.zeros(len(rows), dtype=np.float64)
-    packs = pack_rows(rows, pack_size(model), model.config.block_size)
-    for batch in forward_batches(packs, batch_rows):
+    plan = forward_plan(model, rows, batch_rows) if plan is None else plan
+    for batch in plan:
         for i, logp in packed_logprobs(model, batch, device):
             out[i] = logp
         if progress is not None:

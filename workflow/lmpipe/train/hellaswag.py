@@ -38,6 +38,9 @@ class HellaSwagShare:
     lengths: list[float]  # acc_norm's divisor of each row (its ending's tokens)
     labels: list[int]  # one an item; -1: padding
     total: int  # items over all ranks
+    # the rows' packing.forward_plan, made at the first eval (the model's shape and the batch
+    # are the run's): every later eval scores the same packs
+    plan: list[list[packing.Pack]] | None = None
 
 
 def hellaswag_share(items: list[dict[str, Any]], rank: int, world_size: int) -> HellaSwagShare:
@@ -94,9 +97,10 @@ def hellaswag_correct(
     model.eval()
     try:
         batch_rows = batch_items * NUM_ENDINGS
-        forwards = packing.forward_passes(model, share.rows, batch_rows)
-        with root_unsharded(model), as_many_forwards_as_any_rank(model, forwards, device):
-            ll = packing.score_rows(model, share.rows, batch_rows, device)
+        if share.plan is None:
+            share.plan = packing.forward_plan(model, share.rows, batch_rows)
+        with root_unsharded(model), as_many_forwards_as_any_rank(model, len(share.plan), device):
+            ll = packing.score_rows(model, share.rows, batch_rows, device, plan=share.plan)
     finally:
         model.train(was_training)
     ll = ll.reshape(-1, NUM_ENDINGS)

@@ -38,14 +38,13 @@ class SuiteShare:
     total: int  # items over all ranks
     rows: list[native.Row]  # every choice of every item, as the native scorer tokenizes them:
     # once, at the start (tokenizing the ten core tasks' 34,392 rows takes ~2.6 s)
+    # their packing.forward_plan, made at the first eval (as HellaSwagShare's)
+    plan: list[list[packing.Pack]] | None = None
 
     @property
     def headline(self) -> str:
         """The task's figure: acc_norm where lm-eval's task has it, else acc (the suite's)."""
         return TASKS[self.name].headline
-
-    def forwards(self, batch_rows: int, model: torch.nn.Module) -> int:
-        return packing.forward_passes(model, self.rows, batch_rows)
 
 
 def task_share(name: str, items: list[Item], rank: int, world_size: int) -> SuiteShare:
@@ -78,12 +77,13 @@ def task_correct(
     was_training = model.training
     model.eval()
     try:
-        forwards = share.forwards(batch_rows, model)
-        with root_unsharded(model), as_many_forwards_as_any_rank(model, forwards, device):
+        if share.plan is None:
+            share.plan = packing.forward_plan(model, share.rows, batch_rows)
+        with root_unsharded(model), as_many_forwards_as_any_rank(model, len(share.plan), device):
             data = TaskData(share.name, share.items, {})
             enc = gpt2_encoding(TOKENIZER_DIR)
             score = native.score_task(
-                model, data, enc, batch_rows, device, show_progress=False, rows=share.rows
+                model, data, enc, batch_rows, device, False, rows=share.rows, plan=share.plan
             )
     finally:
         model.train(was_training)

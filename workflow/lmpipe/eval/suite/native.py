@@ -69,14 +69,15 @@ def score_task(
     device: str | torch.device = "cpu",
     show_progress: bool = True,
     rows: list[Row] | None = None,
+    plan: list[list[packing.Pack]] | None = None,
 ) -> TaskScore:
     """The per-item log-likelihoods, choices and right/wrong calls of one task. `rows`: the
-    items' rows as `item_rows` makes them, when the caller keeps them (an eval repeated during
-    training tokenizes once)."""
+    items' rows as `item_rows` makes them, and `plan` their `packing.forward_plan`, when the
+    caller keeps them (an eval repeated during training tokenizes and packs once)."""
     rows = item_rows(data.items, enc) if rows is None else rows
     check_choices_fit(data, rows, model.config.block_size)
     with tqdm(total=len(rows), desc=data.name, unit="choice", disable=not show_progress) as bar:
-        ll = packing.score_rows(model, rows, batch_rows, device, bar)
+        ll = packing.score_rows(model, rows, batch_rows, device, bar, plan=plan)
     score = TaskScore(data.name, [], [], [], [], [], dict(data.subjects))
     start = 0
     for item in data.items:
