@@ -79,7 +79,7 @@ def print_work(config: ModelConfig, manifest: Path, tasks: list[str], items: int
     enc = gpt2_encoding(TOKENIZER_DIR)
     body = 2 * 12 * config.n_layer * config.n_embd**2  # a token through the blocks
     head = 2 * config.vocab_size * config.n_embd
-    pack_tokens = min(config.block_size, packing.PACK_TOKENS)
+    pack_tokens = packing.pack_size(config.block_size)
     print(f"forward FLOPs at {config.n_layer}x{config.n_embd}, block_size {config.block_size},")
     print(f"packs of {pack_tokens}: a token {body / 1e6:.0f}M, a head position {head / 1e6:.0f}M")
     cols = ("items", "lm-eval tok", "native tok", "head pos", "tok/item", "heads/item", "ratio")

@@ -104,7 +104,7 @@ def kill_at_checkpoint(cmd: list[str], env: dict, out: Path, step: int, timeout:
     assert not (out / "final").exists(), "the run finished before it was killed"
 
 
-# ---- reading W&B's own files back (logging.wandb, offline) ---------------------------------------
+# ---- the scorers' reference, and ranks that must finish -----------------------------------------
 
 
 def naive_logprob(model, ctx: list[int], cont: list[int]) -> float:
@@ -136,6 +136,9 @@ def run_ranks_or_fail(fn, args: tuple, nprocs: int, timeout: float = 120) -> Non
             for p in ctx.processes:
                 p.kill()
             pytest.fail("the ranks did not finish: unequal forward passes deadlock FSDP")
+
+
+# ---- reading W&B's own files back (logging.wandb, offline) ---------------------------------------
 
 
 def wandb_records(path: Path):

@@ -162,16 +162,17 @@ def packed_logprobs(
     return list(zip(rows, sums.cpu().tolist(), strict=True))
 
 
-def pack_size(model: torch.nn.Module) -> int:
-    """Nodes a pack for `model`: its block_size, at most PACK_TOKENS."""
-    return min(model.config.block_size, PACK_TOKENS)
+def pack_size(block_size: int) -> int:
+    """Nodes a pack for a model of `block_size`: that, at most PACK_TOKENS."""
+    return min(block_size, PACK_TOKENS)
 
 
 def forward_plan(model: torch.nn.Module, rows: list[Row], batch_rows: int) -> list[list[Pack]]:
     """The rows packed for `model` and grouped into forward passes, as `score_rows` runs them.
     A caller that scores the same rows again (an eval during training) keeps it; its length is
     the forwards that FSDP ranks must equal (train.hellaswag.as_many_forwards_as_any_rank)."""
-    packs = pack_rows(rows, pack_size(model), model.config.block_size)
+    block_size = model.config.block_size
+    packs = pack_rows(rows, pack_size(block_size), block_size)
     return forward_batches(packs, batch_rows)
 
 
