@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from lmpipe.config import FSDPConfig
@@ -24,16 +24,26 @@ from lmpipe.config import FSDPConfig
 
 @dataclass(frozen=True)
 class Dist:
-    """Where this process sits: rank, world size, local rank, and its device."""
+    """Where this process sits: its rank and the world size within the data-parallel group, its
+    local rank and device, and the mesh the model is sharded over. The mesh is 1-D today (one
+    dimension, "dp", over every rank); a second dimension (tensor or context parallelism) would
+    be another name of it, and whatever shards data or sums over the data-parallel ranks takes
+    `group`, never the world."""
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    mesh: DeviceMesh
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """The data-parallel process group: loaders' shares, summed metrics, FSDP's sharding."""
+        return self.mesh.get_group("dp")
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -69,7 +79,9 @@ def init_distributed(device_type: str) -> Dist:
         dist.init_process_group(backend, device_id=device if device_type == "cuda" else None)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, device)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    group = mesh.get_group("dp")
+    return Dist(dist.get_rank(group), dist.get_world_size(group), local_rank, device, mesh)
 
 
 def mixed_precision(device_type: str, dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
