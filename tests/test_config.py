@@ -281,6 +281,26 @@ def test_evaluations_follow_the_runs_settings(tmp_path, cfg):
     assert "sft_loss" in lmconfig.evaluations_of(config, "embedded-a-chat")
 
 
+def test_each_input_kind_has_its_one_path(tmp_path, cfg):
+    """The evaluate rule's inputs come from each entry's kinds, each kind's path the one
+    function of lmpipe.config.INPUT_FILES; the evaluations sharing a section share its
+    dataclass."""
+    config = schema.load_config(write(tmp_path, cfg))
+    assert {k for e in EVALUATIONS.values() for k in e.inputs} <= set(lmconfig.INPUT_FILES)
+    assert lmconfig.eval_inputs(config, "embedded-a-chat", "val_loss") == {
+        "tokens": "results/data/embedded/tokens/manifest.json"  # its base's text dataset
+    }
+    assert lmconfig.eval_inputs(config, "embedded-a", "hellaswag") == {
+        "hellaswag": config["hellaswag"]["embedded"]
+    }
+    assert lmconfig.eval_inputs(config, "embedded-a", "sft_loss") == {
+        "conversations": "results/data/vicuna-dummy/sft/manifest.json"  # its fine-tuning's
+    }
+    assert lmconfig.eval_inputs(config, "embedded-a", "samples") == {}
+    for e in EVALUATIONS.values():
+        assert EVAL_SECTIONS[e.section] is e.settings, e.name
+
+
 def test_the_trainer_and_an_evaluation_read_their_params_back(tmp_path, cfg):
     config = schema.load_config(write(tmp_path, cfg))
     job = lmconfig.TrainJob.from_json(lmconfig.train_params(config, "embedded-a-chat"))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,10 @@ GROUND = {
     "throughputs",
     "sweeps",
 }
+# definition modules: tables of plain data and functions, torch-free and importing no lmpipe
+# module, which any layer may read (the ground included: the suite's tasks are defined once, and
+# the config check, the plan and the report read them)
+DEFINITIONS = {"eval.suite.tasks"}
 # what each stage may import besides the ground: the stages whose work it consumes
 MAY_IMPORT = {
     "data": {"data"},
@@ -35,7 +42,8 @@ MAY_IMPORT = {
 
 
 def lmpipe_imports(path: Path) -> set[str]:
-    """The first part after `lmpipe.` of every lmpipe import in a file (functions included)."""
+    """The first part after `lmpipe.` of every lmpipe import in a file (functions included),
+    a definition module's import left out."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -44,8 +52,16 @@ def lmpipe_imports(path: Path) -> set[str]:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
+        names = [n for n in names if not any(_within(n, d) for d in DEFINITIONS)]
         found |= {n.split(".")[1] for n in names if n.startswith("lmpipe.")}
     return found
+
+
+def _within(name: str, definition: str) -> bool:
+    """`lmpipe.<definition>` itself, a name in it, or a package on its way (`from lmpipe.eval.suite
+    import tasks` names lmpipe.eval.suite and lmpipe.eval.suite.tasks)."""
+    full = f"lmpipe.{definition}"
+    return name == full or name.startswith(full + ".") or full.startswith(name + ".")
 
 
 def test_one_subpackage_a_stage_and_the_ground():
@@ -67,3 +83,33 @@ def test_imports_only_go_down(path: Path):
     assert not wrong, (
         f"lmpipe/{'/'.join(parts)} imports lmpipe.{wrong} (allowed: {sorted(allowed)})"
     )
+
+
+@pytest.mark.parametrize("module", sorted(DEFINITIONS))
+def test_a_definition_module_imports_no_lmpipe_module(module: str):
+    path = PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
+    assert not lmpipe_imports_of(path), f"lmpipe.{module} imports {lmpipe_imports_of(path)}"
+
+
+def lmpipe_imports_of(path: Path) -> list[str]:
+    """Every lmpipe module a file names in an import."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append("." * node.level + node.module)
+    return [n for n in names if n.startswith(("lmpipe", "."))]
+
+
+def test_the_snakefile_s_imports_pull_in_no_torch():
+    """The ground the Snakefile imports at parse time, the definitions it reads included."""
+    code = (
+        "import sys\n"
+        "import lmpipe.config, lmpipe.plan, lmpipe.registry, lmpipe.schema, lmpipe.sweeps\n"
+        "heavy = sorted(m for m in ('torch', 'lm_eval', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

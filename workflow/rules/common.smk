@@ -64,11 +64,6 @@ def get_from_parts_arg(wildcards, input):
     return "--from-parts " + " ".join(shlex.quote(p) for p in parts) if parts else ""
 
 
-def get_dataset_of_run(wildcards):
-    """The text dataset of a run (a fine-tuning run's is its base's): the val loss."""
-    return lmconfig.text_dataset(config, wildcards.run)
-
-
 def get_conversations_source(wildcards):
     """The local ShareGPT file (a change reruns the preparation); none for a hub dataset."""
     d = config["datasets"][wildcards.dataset]
@@ -199,20 +194,10 @@ def get_train_signal(wildcards):
 
 
 def get_eval_inputs(wildcards):
-    """The converted model and the files the evaluation reads, by kind (lmpipe.registry)."""
-    run = get_run(wildcards)
-    files = {
-        "tokens": lambda: LAYOUT.tokens_manifest(get_dataset_of_run(wildcards)),
-        "hellaswag": lambda: config["hellaswag"][run.eval["hellaswag"].file],
-        "suite": lambda: LAYOUT.suite_manifest(),
-        "conversations": lambda: LAYOUT.conversations_manifest(
-            lmconfig.chat_dataset(config, wildcards.run)
-        ),
-    }
+    """The converted model and the files the evaluation reads, by kind (its registry entry's
+    inputs, each kind's path lmpipe.config.INPUT_FILES's)."""
     inputs = {"model": LAYOUT.hf_dir(wildcards.run)}
-    for kind in EVALUATIONS[wildcards.eval].inputs:
-        inputs[kind] = files[kind]()
-    return inputs
+    return inputs | lmconfig.eval_inputs(config, wildcards.run, wildcards.eval)
 
 
 def get_eval_input_args(wildcards, input):

@@ -5,8 +5,9 @@
     python -m lmpipe.eval reference --tokens M --hellaswag FILE --out-dir DIR
 
 NAME is an evaluation of lmpipe.registry.EVALUATIONS (val_loss, hellaswag, hellaswag_lm_eval,
-samples, sft_loss, chat_samples); J is its params (`lmpipe.config.eval_params`): the run, the
-evaluation and its settings. The inputs it reads besides the model are named by kind.
+suite, suite_lm_eval, samples, sft_loss, chat_samples); J is its params
+(`lmpipe.config.eval_params`): the run, the evaluation and its settings. The inputs it reads
+besides the model are named by kind, a flag a kind of lmpipe.config.INPUT_FILES.
 `reference` scores OpenAI's `gpt2` with val_loss and hellaswag when the Hugging Face hub can be
 reached, and otherwise writes nothing and exits 0 (the report uses the published figures); it is
 not part of the DAG.
@@ -20,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from lmpipe.config import EvalJob
+from lmpipe.config import INPUT_FILES, EvalJob
 from lmpipe.eval.results import default_device, write_result
-from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS
+from lmpipe.registry import EVALUATIONS
 
-INPUT_KINDS = sorted({kind for e in EVALUATIONS.values() for kind in e.inputs})
+INPUT_KINDS = sorted(INPUT_FILES)
 REFERENCE_MODEL = "openai-community/gpt2"
 
 
@@ -55,7 +56,7 @@ def reference(tokens: Path, hellaswag: Path, out_dir: Path) -> None:
         return
     inputs = {"tokens": tokens, "hellaswag": hellaswag}
     for name in ("val_loss", "hellaswag"):
-        settings = EVAL_SECTIONS[EVALUATIONS[name].section]()
+        settings = EVALUATIONS[name].settings()
         evaluate(name, settings, Path(model_dir), inputs, out_dir / f"{name}.json")
 
 

