@@ -2,23 +2,20 @@
 
 Each task is lm-eval's own (its YAML included: prompt, choices, metrics) with only the data
 source replaced by the task's Arrow files from the suite's data folder (lm_eval_tasks/suite/, one
-YAML a task, rendered into a scratch folder with absolute paths as lmpipe.eval.harness does for
-HellaSwag). MMLU is lm-eval's `mmlu` group rebuilt the same way: its 57 subject tasks and a group
-that aggregates them by size. `log_samples` gives the per-item log-likelihoods and right/wrong
-calls, in each task's document order. lm-eval's model is the folder's (`hf` for GPT-2, `lmpipe`
-for another architecture: lmpipe.eval.harness.harness_model).
+YAML a task), run by lmpipe.eval.harness's one runner of local tasks (`render_task`,
+`run_local_tasks`), as HellaSwag's. MMLU is lm-eval's `mmlu` group rebuilt the same way: its 57
+subject tasks and a group that aggregates them by size. `log_samples` gives the per-item
+log-likelihoods and right/wrong calls, in each task's document order.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lmpipe.eval.harness import harness_model
+from lmpipe.eval.harness import render_task, run_local_tasks
 from lmpipe.eval.suite.data import TaskData
 from lmpipe.eval.suite.metrics import TaskScore, choose
 from lmpipe.eval.suite.tasks import TASKS
@@ -36,25 +33,6 @@ def subject_task(subject: str) -> str:
     return f"mmlu_lmpipe_{subject}"
 
 
-def lm_eval_tasks_dir() -> Path:
-    import lm_eval
-
-    return Path(lm_eval.__file__).parent / "tasks"
-
-
-def render(template: Path, out: Path, files: list[Path], cache_dir: Path, **names: str) -> None:
-    """Write a local task YAML with `include` and its data files made absolute."""
-    task = yaml.safe_load(template.read_text().format(**names) if names else template.read_text())
-    upstream = lm_eval_tasks_dir() / task["include"]
-    if not upstream.is_file():
-        raise FileNotFoundError(f"{upstream}: lm-eval's task {task['include']} not found")
-    task["include"] = str(upstream)
-    [split] = task["dataset_kwargs"]["data_files"]
-    task["dataset_kwargs"]["data_files"][split] = [str(f.resolve()) for f in files]
-    task["dataset_kwargs"]["cache_dir"] = str(cache_dir.resolve())
-    out.write_text(yaml.safe_dump(task, sort_keys=False))
-
-
 def write_tasks(data: dict[str, TaskData], work_dir: str | Path) -> Path:
     """Render the local tasks of the loaded tasks' data into `work_dir`/tasks."""
     work_dir = Path(work_dir)
@@ -64,13 +42,14 @@ def write_tasks(data: dict[str, TaskData], work_dir: str | Path) -> Path:
         if name == "mmlu":
             for subject, files in task_data.files.items():
                 out = task_dir / f"{subject_task(subject)}.yaml"
-                render(TASK_DIR / "mmlu_lmpipe_subject.yaml", out, files, cache, subject=subject)
+                template = TASK_DIR / "mmlu_lmpipe_subject.yaml"
+                render_task(template, out, files, cache, subject=subject)
             group = yaml.safe_load((TASK_DIR / f"{MMLU_GROUP}.yaml").read_text())
             group["task"] = [subject_task(s) for s in task_data.files]
             (task_dir / f"{MMLU_GROUP}.yaml").write_text(yaml.safe_dump(group, sort_keys=False))
         else:
             out = task_dir / f"{local_name(name)}.yaml"
-            render(TASK_DIR / f"{local_name(name)}.yaml", out, task_data.files[""], cache)
+            render_task(TASK_DIR / f"{local_name(name)}.yaml", out, task_data.files[""], cache)
     return task_dir
 
 
@@ -83,30 +62,15 @@ def run(
 ) -> dict[str, Any]:
     """One `simple_evaluate` (the folder's model: `hf` or `lmpipe`; float32, zero-shot) over the
     tasks' local copies; returns lm-eval's results dict, with samples."""
-    os.environ["HF_HUB_OFFLINE"] = "1"  # never reach for the hub
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    import datasets
-
-    # datasets reads those at import: the suite's loader may have imported it already
-    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    with tempfile.TemporaryDirectory(prefix="lmpipe_suite_lm_eval_") as work:
-        # only the local tasks: they include lm-eval's by absolute path, so indexing lm-eval's
-        # thousands of task files (a minute on two cores) would buy nothing
-        manager = TaskManager(include_path=str(write_tasks(data, work)), include_defaults=False)
-        return lm_eval.simple_evaluate(
-            model=harness_model(model_dir),
-            model_args={"pretrained": str(model_dir), "dtype": "float32"},
-            tasks=[local_name(name) for name in data],
-            task_manager=manager,
-            num_fewshot=0,
-            limit=limit,
-            batch_size=batch_size,
-            device=device,
-            log_samples=True,
-        )
+    return run_local_tasks(
+        model_dir,
+        [local_name(name) for name in data],
+        lambda work: write_tasks(data, work),
+        limit,
+        batch_size,
+        device,
+        log_samples=True,
+    )
 
 
 def samples_score(name: str, samples: list[dict], data: TaskData) -> TaskScore:
