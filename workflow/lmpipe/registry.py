@@ -2,8 +2,8 @@
 
 These lists are what the config accepts (`model.arch`, `train.optimizer.name`, a run's `eval:`
 sections, each with its settings and their defaults), what the Snakemake rules plan (which
-evaluations a run gets and which files each reads) and what the report shows (a headline column
-a metric). Torch-free on purpose: the Snakefile imports it at parse time. The code an entry names
+evaluations a run gets, which files each reads, what each costs) and what the report shows (a
+headline column a metric). Torch-free on purpose: the Snakefile imports it at parse time. The code an entry names
 (`"package.module:function"`) is imported only by the job that runs it.
 
 Adding a part (docs/architecture.md walks through each):
@@ -318,7 +318,8 @@ def hellaswag_lm_eval_cost(settings: HellaSwagSettings, run: EvalRun) -> float:
 
 
 def suite_cost(settings: SuiteSettings, run: EvalRun, slowdown: float = 1) -> float:
-    """The tasks' rows (an item's choices), each the measured tokens of a suite row."""
+    """The tasks' rows (an item's choices; `items` caps a task's items, MMLU's all 57 subjects'
+    together), each of eval.suite_tokens_per_row tokens (resources/throughputs.yaml)."""
     rows = sum(
         min(t.items, settings.items or t.items) * t.choices
         for t in (suite_tasks.TASKS[name] for name in settings.tasks)
