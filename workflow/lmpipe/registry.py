@@ -3,8 +3,8 @@
 These lists are what the config accepts (`model.arch`, `train.optimizer.name`, a run's `eval:`
 sections, each with its settings and their defaults), what the Snakemake rules plan (which
 evaluations a run gets, which files each reads, what each costs) and what the report shows (a
-headline column a metric). Torch-free on purpose: the Snakefile imports it at parse time. The code an entry names
-(`"package.module:function"`) is imported only by the job that runs it.
+headline column a metric). Torch-free on purpose: the Snakefile imports it at parse time. The
+code an entry names (`"package.module:function"`) is imported only by the job that runs it.
 
 Adding a part (docs/architecture.md walks through each):
 - an evaluation: a module with `evaluate(settings, model_dir, inputs, device) -> result dict`, an
