@@ -13,8 +13,8 @@ dir). Loaders, each fresh for every repeat, repeats interleaved:
 The consumer does what the loop does with a batch: `x.to(device, non_blocking=True)` (a no-op on
 the CPU). Two measures, medians over `--repeats`:
 
-1. tokens/s delivered to the rank when the consumer does nothing else, against the goal of the
-   cluster-readiness issue: 20 x 550,000 = 11.0M tokens/s a rank (20x what a rank trains at);
+1. tokens/s delivered to the rank when the consumer does nothing else, against the goal:
+   20 x 550,000 = 11.0M tokens/s a rank (20x what a rank trains at);
 2. how long `next_batch()` blocks the consumer when it does `--work-ms` of other work a
    micro-batch: a sleep (a GPU step the loop waits on, the GIL free) or a spin (Python holding
    the GIL, the worst case for a thread). At 550K tokens/s a rank, a 65,536-token micro-batch
