@@ -22,6 +22,7 @@ GROUND = {
     "plan",
     "throughputs",
     "sweeps",
+    "dag",
 }
 # what each stage may import besides the ground: the stages whose work it consumes
 MAY_IMPORT = {
