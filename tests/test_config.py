@@ -12,7 +12,7 @@ import yaml
 
 from conftest import REPO
 from lmpipe import config as lmconfig
-from lmpipe import schema
+from lmpipe import config_schema, schema
 from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
 from lmpipe.train.loop import NOT_TRAJECTORY
 
@@ -158,57 +158,29 @@ def test_build_refuses_unknown_and_missing_keys():
         lmconfig.build(lmconfig.ModelConfig, {"n_layer": 2, "n_embd": 8}, "model")
 
 
-# ---- the schema's defaults are the dataclasses' --------------------------------------------------
-
-# (schema definition, property or "") -> the dataclasses built from it (a dataset feeds three)
-SCHEMA_CLASSES = {
-    ("dataset", ""): (lmconfig.SourceConfig, lmconfig.TokenizeConfig, lmconfig.ConversationsConfig),
-    ("model", ""): (lmconfig.ModelConfig,),
-    ("train", ""): (lmconfig.TrainConfig,),
-    ("launch", ""): (lmconfig.LaunchConfig,),
-    ("run", "sft"): (lmconfig.SFTConfig,),
-    ("run", "base"): (lmconfig.BaseConfig,),
-}
-# schema defaults no dataclass holds: `kind` picks which dataclass a dataset becomes
-SELECTORS = {"kind"}
+# ---- the schema file is generated from the settings' dataclasses ---------------------------------
 
 
-def schema_defaults(props: dict, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for name, prop in props.items():
-        if "default" in prop and prop["default"] not in ({}, None):
-            out[prefix + name] = prop["default"]
-        if "properties" in prop:
-            out |= schema_defaults(prop["properties"], f"{prefix}{name}.")
-    return out
+def test_the_schema_file_is_what_the_dataclasses_generate():
+    """A setting changed in its dataclass (a default, a constraint, a description) without
+    `python -m lmpipe.schema --write` leaves Snakemake checking the config against the old one."""
+    assert SCHEMA.read_text() == config_schema.render(), (
+        f"{SCHEMA.name} differs from the dataclasses: run `python -m lmpipe.schema --write`"
+    )
+    # what Snakemake reads back is what was generated (YAML's folding and quoting round-trip)
+    assert yaml.safe_load(SCHEMA.read_text()) == config_schema.config_schema()
 
 
-def dataclass_defaults(cls: type, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING and dataclasses.is_dataclass(f.default):
-            out |= dataclass_defaults(type(f.default), f"{prefix}{f.name}.")
-        elif f.default is not dataclasses.MISSING and f.default is not None:
-            value = f.default
-            out[prefix + f.name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-@pytest.mark.parametrize("where", SCHEMA_CLASSES, ids=lambda w: ".".join(filter(None, w)))
-def test_schema_defaults_equal_the_dataclasses(where):
-    definition, prop = where
-    schema = yaml.safe_load(SCHEMA.read_text())["definitions"][definition]
-    if prop:
-        schema = schema["properties"][prop]
-    in_schema = schema_defaults(schema["properties"])
-    for key in SELECTORS:
-        in_schema.pop(key, None)
-    in_classes: dict[str, object] = {}
-    for cls in SCHEMA_CLASSES[where]:
-        in_classes |= dataclass_defaults(cls)
-    # a fine-tuning run's max_steps follows from its epochs: the schema cannot give a default
-    in_classes.pop("max_steps", None)
-    assert in_schema == in_classes
+def test_every_setting_has_its_schema_and_its_default_there():
+    """Each section's properties are its dataclass's fields, with the dataclass's defaults (the
+    generator's own reading of a field, checked on the file Snakemake reads)."""
+    defs = yaml.safe_load(SCHEMA.read_text())["definitions"]
+    for name, cls in {"train": lmconfig.TrainConfig, "launch": lmconfig.LaunchConfig}.items():
+        props = defs[name]["properties"]
+        assert list(props) == [f.name for f in dataclasses.fields(cls)]
+    assert defs["train"]["properties"]["grad_clip"]["default"] == lmconfig.TrainConfig.grad_clip
+    hellaswag = defs["eval"]["properties"]["hellaswag"]["properties"]
+    assert hellaswag["items"]["default"] == EVAL_SECTIONS["hellaswag"].items
 
 
 def test_registry_sections_get_their_dataclass_defaults(tmp_path, cfg):

@@ -23,6 +23,8 @@ GROUND = {
     "throughputs",
     "sweeps",
     "dag",
+    "settings",
+    "config_schema",
 }
 # what each stage may import besides the ground: the stages whose work it consumes
 MAY_IMPORT = {

@@ -18,23 +18,10 @@ Adding a part (docs/architecture.md walks through each):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-
-def setting(default: Any = None, description: str = "", **schema: Any) -> Any:
-    """A settings field with its default, a description and JSON-schema constraints (minimum,
-    enum, ...), from which lmpipe.config builds the schema that checks the YAML."""
-    meta = {"description": description, **schema}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def required(description: str = "", **schema: Any) -> Any:
-    """A settings field the YAML must give."""
-    return field(metadata={"description": description, **schema})
-
+from lmpipe.settings import required, setting
 
 # ----------------------------------------------------------------------------------------------
 # architectures (model.arch)
