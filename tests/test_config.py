@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from dataclasses import dataclass
 
 import pytest
 import yaml
@@ -14,10 +15,12 @@ from conftest import REPO
 from lmpipe import config as lmconfig
 from lmpipe import config_schema, schema
 from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
+from lmpipe.settings import optional, section_schema, setting
 from lmpipe.train.loop import NOT_TRAJECTORY
 
 CONFIG = REPO / "config" / "config.yaml"
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 
 @pytest.fixture
@@ -181,6 +184,44 @@ def test_every_setting_has_its_schema_and_its_default_there():
     assert defs["train"]["properties"]["grad_clip"]["default"] == lmconfig.TrainConfig.grad_clip
     hellaswag = defs["eval"]["properties"]["hellaswag"]["properties"]
     assert hellaswag["items"]["default"] == EVAL_SECTIONS["hellaswag"].items
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """When it runs during training."""
+
+    every: int = setting(0, "every N steps; 0: off", minimum=0)
+    tasks: list[str] = setting([], "which")
+
+
+@dataclass(frozen=True)
+class _Section:
+    items: int = setting(5, "items", minimum=1)
+    during_training: _Schedule = setting(_Schedule(), "its schedule during training")
+    later: _Schedule | None = optional()  # absent: None
+
+
+def test_a_nested_settings_dataclass_is_an_object_with_its_own_defaults(tmp_path):
+    """A section may hold a dataclass of settings: the schema nests it (its docstring the
+    description where the field has none), Snakemake's validate() fills in its defaults, and
+    lmpipe.config builds it back."""
+    from snakemake.utils import validate
+
+    section = section_schema(_Section)
+    nested = section["properties"]["during_training"]
+    assert nested["type"] == "object" and nested["default"] == {}
+    assert nested["description"] == "its schedule during training"
+    assert section["properties"]["later"]["type"] == "object"
+    assert section["properties"]["later"]["description"] == "When it runs during training."
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"$schema": SCHEMA_DRAFT} | section))
+    data = {"during_training": {"every": 7}}
+    validate(data, str(path))
+    assert data == {"items": 5, "during_training": {"every": 7, "tasks": []}}
+    built = lmconfig.build(_Section, data, "eval.x")
+    assert built == _Section(during_training=_Schedule(every=7))
+    with pytest.raises(Exception, match="-1 is less than the minimum of 0"):
+        validate({"during_training": {"every": -1}}, str(path))
 
 
 def test_registry_sections_get_their_dataclass_defaults(tmp_path, cfg):

@@ -79,6 +79,9 @@ def _json_type(hint: Any, meta: dict[str, Any], is_optional: bool, where: str) -
     nullable = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
     if nullable:
         (hint,) = [a for a in args if a is not type(None)]
+    if dataclasses.is_dataclass(hint) and nullable and not is_optional:
+        # Snakemake's validate() fills in defaults under a null too, and fails there
+        raise TypeError(f"{where}: a nested section is optional() or has a default, never null")
     if dataclasses.is_dataclass(hint):  # its docstring describes it, unless the field does
         out = section_schema(hint)
         doc = out.pop("description", "")
