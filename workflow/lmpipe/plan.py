@@ -84,8 +84,9 @@ def num_params(model: lmconfig.ModelConfig) -> int:
 
 
 def train_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
-    """llm.c's formula: 6N + 6LCT (forward and backward)."""
-    return 6 * num_params(model) + 6 * model.n_layer * model.n_embd * seq_len
+    """llm.c's formula, 6N + 6LCT (forward and backward): the architecture's one count
+    (lmpipe.registry), which the model's MFU also reads."""
+    return ARCHITECTURES[model.arch].flops_per_token(model, seq_len)
 
 
 def forward_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:

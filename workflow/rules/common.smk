@@ -171,7 +171,7 @@ def get_train_priority(wildcards):
     steps = rc.train.max_steps or lmplan.fine_tuning_steps(
         config, rc
     )  # fine-tuning: its epochs
-    flops = lmplan.train_flops_per_token(rc.model, rc.train.seq_len)
+    flops = ARCHITECTURES[rc.model.arch].flops_per_token(rc.model, rc.train.seq_len)
     return round(10 * math.log10(1 + flops * steps * rc.train.batch_tokens))
 
 
