@@ -492,8 +492,7 @@ def plan_report(config: dict[str, Any], report: str, gpu: str | None = None) -> 
     for run in runs:
         jobs.append(train_job(config, run, gpu))
         jobs.append(convert_job(config, run))
-        arch = lmconfig.run_config(config, run).model.arch
-        if "llmc" in ARCHITECTURES[arch].exports:
+        if lmconfig.exports_llmc(config, run):
             llmc = convert_job(config, run)
             # a CPU job of one core (the rule asks for no GPU): the weights read, llm.c's written
             llmc.rule, llmc.gpus, llmc.cpus = "export_llmc", 0, 1
@@ -547,10 +546,7 @@ def job_resources(config: dict[str, Any], rule: str, run_or_dataset: str, evalua
         job = eval_job(config, run_or_dataset, evaluation, None)
     else:
         raise ValueError(f"no derived resources for rule {rule!r}")
-    gres = None
-    if job.gpus:
-        model = lmconfig.run_config(config, run_or_dataset).launch.gpu_model
-        gres = f"gpu:{model}:1" if model else "gpu:1"
+    gres = lmconfig.run_config(config, run_or_dataset).launch.gres(job.gpus) if job.gpus else None
     return {"cpus": job.cpus, "mem_mb": job.mem_mb, "runtime": job.limit_min, "gres": gres}
 
 
