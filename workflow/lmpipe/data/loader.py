@@ -10,14 +10,13 @@ past the end of a shard starts at the next shard (wrapping around: another epoch
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from lmpipe.data.shards import read_shard
+from lmpipe.data.shards import read_manifest, read_shard
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), (B, T) each; target -1: not counted
 
@@ -34,21 +33,7 @@ class Loader(Protocol):
 
 def shard_files(manifest: str | Path, split: str) -> list[Path]:
     """The shard files of `split` ('train' or 'val') from a tokens manifest, in order."""
-    manifest = Path(manifest)
-    try:
-        data = json.loads(manifest.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{manifest}: not valid JSON ({e})") from None
-    try:
-        files = [manifest.parent / s["file"] for s in data["shards"] if s["split"] == split]
-    except (KeyError, TypeError) as e:
-        raise ValueError(
-            f"{manifest}: not a tokens manifest (`shards`, each with `file` and `split`;"
-            f" {type(e).__name__}: {e})"
-        ) from None
-    if not files:
-        raise ValueError(f"{manifest}: no '{split}' shards listed")
-    return files
+    return read_manifest(manifest).files(split)
 
 
 class ShardLoader:
