@@ -19,7 +19,7 @@ from lmpipe.chat.data import read_records
 from lmpipe.chat.loader import load_split
 from lmpipe.chat.loader import read_manifest as read_conversations_manifest
 from lmpipe.config import ConversationsConfig
-from lmpipe.data.loader import ShardLoader, shard_files, val_batches
+from lmpipe.data.loader import DataShare, ShardLoader, shard_files, val_batches
 from lmpipe.data.shards import ShardError, read_manifest, write_shard
 from lmpipe.eval.hellaswag import HellaSwagError, load_items
 from lmpipe.models.gpt2.llmc import read_llmc, write_llmc
@@ -66,7 +66,7 @@ BROKEN_SHARDS = {
 def test_a_broken_shard_is_named_when_the_loader_reaches_it(tokens, break_it, says):
     """The second train shard broken: the loader's move to it names that file."""
     files = shard_files(tokens, "train")
-    loader = ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=64, rank=0, world_size=1)
+    loader = ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=64, dp=DataShare(0, 1))
     break_it(files[1])
     with raises(ShardError, str(files[1]), says):
         for _ in range(8):  # 300 tokens: 4 steps of 64 (+1), then the next shard
@@ -79,14 +79,14 @@ def test_a_broken_val_shard_is_named(tokens, break_it, says):
     (val,) = shard_files(tokens, "val")
     break_it(val)
     with raises(ShardError, str(val), says):
-        val_batches(val, micro_batch=2, seq_len=16, val_tokens=64, rank=0, world_size=1)
+        val_batches(val, micro_batch=2, seq_len=16, val_tokens=64, dp=DataShare(0, 1))
 
 
 def test_a_shard_shorter_than_a_step_is_named(tokens):
     """A train shard that cannot fill one step: the file and train.batch_tokens are named."""
     files = shard_files(tokens, "train")
     with raises(ValueError, str(files[0]), "300 tokens, fewer than one step", "batch_tokens 512"):
-        ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=512, rank=0, world_size=8)
+        ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=512, dp=DataShare(0, 8))
 
 
 MANIFESTS = {

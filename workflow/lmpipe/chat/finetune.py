@@ -94,11 +94,10 @@ def fine_tuning(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Ta
     x, y = load_split(manifest, "train")
     if x.shape[1] != tc.seq_len:
         raise ValueError(f"{manifest}: rows of {x.shape[1]} tokens, train.seq_len {tc.seq_len}")
-    loader = ConversationLoader(
-        x, y, tc.micro_batch, tc.batch_tokens, d.rank, d.world_size, tc.seed
-    )
+    # each rank reads its share of the data-parallel group's rows
+    loader = ConversationLoader(x, y, tc.micro_batch, tc.batch_tokens, d.group, tc.seed)
     vx, vy = load_split(manifest, "val")
-    val = conversation_val_batches(vx, vy, tc.micro_batch, tc.val_tokens, d.rank, d.world_size)
+    val = conversation_val_batches(vx, vy, tc.micro_batch, tc.val_tokens, d.group)
     return Task(
         train=tc,
         loader=loader,

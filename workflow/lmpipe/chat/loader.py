@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from lmpipe.data.loader import DataShare, share_of
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,8 @@ class ConversationLoader:
     """ShardLoader's interface (lmpipe.data.loader) over conversation rows: one a row.
 
     A step takes `batch_tokens / seq_len` rows of a permutation drawn anew each epoch from
-    (seed, epoch); micro-batch `i` of rank `r` is slice `i * W + r` of them, as in ShardLoader, so
+    (seed, epoch); micro-batch `i` of rank `r` (of the data-parallel group `dp`) is slice
+    `i * W + r` of them, as in ShardLoader, so
     the rows of a step do not depend on how ranks and micro-batches split it. The rows left over
     at the end of an epoch (fewer than a step) are dropped, different ones each epoch.
     """
@@ -101,16 +105,16 @@ class ConversationLoader:
         targets: np.ndarray,
         micro_batch: int,
         batch_tokens: int,
-        rank: int,
-        world_size: int,
+        dp: dist.ProcessGroup | DataShare,
         seed: int,
     ):
         self.inputs, self.targets = inputs, targets
         self.B, self.T = micro_batch, inputs.shape[1]
-        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.rank, self.world_size = share_of(dp)
+        self.seed = seed
         self.rows_per_step = batch_tokens // self.T
-        self.micro_steps = self.rows_per_step // (micro_batch * world_size)
-        assert self.micro_steps * micro_batch * world_size * self.T == batch_tokens
+        self.micro_steps = self.rows_per_step // (micro_batch * self.world_size)
+        assert self.micro_steps * micro_batch * self.world_size * self.T == batch_tokens
         self.steps_per_epoch = len(inputs) // self.rows_per_step
         if self.steps_per_epoch == 0:
             raise ValueError(
@@ -152,10 +156,11 @@ def conversation_val_batches(
     targets: np.ndarray,
     micro_batch: int,
     val_tokens: int,
-    rank: int,
-    world_size: int,
+    dp: dist.ProcessGroup | DataShare,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's share of the first `val_tokens / seq_len` held-out rows, in batches."""
+    """This rank's share (of the data-parallel group `dp`) of the first `val_tokens / seq_len`
+    held-out rows, in batches."""
+    rank, world_size = share_of(dp)
     n = min(len(inputs), max(1, val_tokens // inputs.shape[1])) // world_size * world_size
     if n == 0:
         raise ValueError(f"{len(inputs)} held-out conversations, fewer than {world_size} ranks")

@@ -27,12 +27,11 @@ def pretraining(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Ta
     if init is not None:
         raise ValueError(f"--init {init}: pretraining starts from a random init")
     tc, shards = job.train, read_manifest(manifest)
+    # each rank reads its share of the data-parallel group's batches
     loader = ShardLoader(
-        shards.files("train"), tc.micro_batch, tc.seq_len, tc.batch_tokens, d.rank, d.world_size
+        shards.files("train"), tc.micro_batch, tc.seq_len, tc.batch_tokens, d.group
     )
-    val = val_batches(
-        shards.files("val")[0], tc.micro_batch, tc.seq_len, tc.val_tokens, d.rank, d.world_size
-    )
+    val = val_batches(shards.files("val")[0], tc.micro_batch, tc.seq_len, tc.val_tokens, d.group)
     return Task(train=tc, loader=loader, val_batches=val, data_identity=shards.identity())
 
 
