@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from lmpipe.data.loader import ShardLoader
+from lmpipe.data.loader import DataShare, ShardLoader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
@@ -75,7 +75,7 @@ class Ready:
 def build(variant: str, shard: Path, rank: int, depth: int):
     if variant == "ready":
         return Ready()
-    loader = ShardLoader([shard], B, T, BATCH_TOKENS, rank, WORLD)
+    loader = ShardLoader([shard], B, T, BATCH_TOKENS, DataShare(rank, WORLD))
     if variant == "bare":
         return loader
     return Prefetcher(loader, depth=depth, pin=variant == "prefetch+pin")

@@ -327,3 +327,10 @@ def test_checkpoint_async_is_in_the_train_params_only_when_on():
     assert on["checkpoint_async"] is True
     assert {k: v for k, v in on.items() if k != "checkpoint_async"} == off
     assert "checkpoint_async" in NOT_TRAJECTORY  # a resumed run may switch it
+
+
+def test_one_gres_builder_for_the_train_rule_and_the_derived_resources():
+    gpu = lmconfig.LaunchConfig(device="cuda", procs_per_node=8, gpu_model="a100")
+    assert gpu.gres(gpu.procs_per_node) == "gpu:a100:8" and gpu.gres(1) == "gpu:a100:1"
+    assert lmconfig.LaunchConfig(device="cuda").gres(2) == "gpu:2"
+    assert lmconfig.LaunchConfig(device="cpu", procs_per_node=2).gres(2) is None

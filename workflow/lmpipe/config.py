@@ -308,6 +308,13 @@ class LaunchConfig:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    def gres(self, gpus: int) -> str | None:
+        """SLURM's --gres for `gpus` GPUs a node of the run's kind (`gpu[:model]:N`), the one
+        builder of the train rule's and of the derived resources; None on the CPU."""
+        if self.device != "cuda" or gpus == 0:
+            return None
+        return f"gpu:{self.gpu_model}:{gpus}" if self.gpu_model else f"gpu:{gpus}"
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -518,13 +525,20 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
     )
 
 
+def exports_llmc(config: dict[str, Any], run: str) -> bool:
+    """Whether a run gets model/llmc.bin: its architecture's `exports` hold "llmc"
+    (lmpipe.registry; GPT-2). The one answer of the rules, the plan and the check below."""
+    arch = config["models"][config["runs"][run]["model"]]["arch"]
+    return "llmc" in ARCHITECTURES[arch].exports
+
+
 def check_llmc_export(config: dict[str, Any], run: str) -> None:
-    """A run's model/llmc.bin (the export_llmc rule) only for an architecture whose `exports`
-    hold "llmc" (lmpipe.registry): asked of another, a ConfigError before any job starts."""
+    """A run's model/llmc.bin (the export_llmc rule) only where exports_llmc: asked of another,
+    a ConfigError naming the run, its model and arch, before any job starts."""
     model = config["runs"][run]["model"]
     arch = config["models"][model]["arch"]
     exports = ARCHITECTURES[arch].exports
-    if "llmc" not in exports:
+    if not exports_llmc(config, run):
         raise ConfigError(
             f"runs.{run}.model: model {model!r} is model.arch {arch!r}, which has no llm.c export"
             f" (model/llmc.bin: llm.c's format holds GPT-2 only; {arch} exports:"
