@@ -25,6 +25,7 @@ from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval import hellaswag
 from lmpipe.eval.harness import LM_EVAL_TASK, lm_eval_hellaswag
 from lmpipe.eval.results import default_device
+from lmpipe.eval.suite import native
 from lmpipe.models import load_hf
 from lmpipe.models.gpt2.hf import write_hf
 from lmpipe.models.gpt2.model import GPT
@@ -37,11 +38,13 @@ PRESETS: dict[str, ModelConfig] = named_models() | {
 
 
 def native_run(model_dir: Path, items_file: Path, n: int, batch: int, mode: str, device: str):
+    """(acc, acc_norm) of the native scorer on HellaSwag's task under a scoring option."""
     model = load_hf(model_dir).to(device)
-    items = hellaswag.load_items(items_file, n)
-    return hellaswag.score(
-        model, items, gpt2_encoding(TOKENIZER_DIR), mode, batch, device, show_progress=False
-    )
+    enc = gpt2_encoding(TOKENIZER_DIR)
+    task = hellaswag.task_data(hellaswag.load_items(items_file, n), enc, mode)
+    rows = batch * hellaswag.NUM_ENDINGS
+    score = native.score_task(model, task, enc, rows, device, show_progress=False)
+    return sum(score.acc) / score.items, sum(score.acc_norm) / score.items
 
 
 def lm_eval_run(model_dir: Path, items_file: Path, n: int, batch: int, device: str):
@@ -95,8 +98,8 @@ def main() -> None:
         )
 
     rows = [
-        ("native, lm-eval scoring", t_nat, ts_nat, c_nat, nat.acc, nat.acc_norm),
-        ("native, llm.c scoring", t_llmc, ts_llmc, c_llmc, llmc.acc, llmc.acc_norm),
+        ("native, lm-eval scoring", t_nat, ts_nat, c_nat, *nat),
+        ("native, llm.c scoring", t_llmc, ts_llmc, c_llmc, *llmc),
         ("lm-eval harness", t_lme, ts_lme, c_lme, lme["acc,none"], lme["acc_norm,none"]),
     ]
     head = ("wall s", "items/s", "cpu s", "acc", "acc_norm")
@@ -109,7 +112,7 @@ def main() -> None:
         f" ({c_lme / c_nat:.2f}x), native llm.c scoring {t_lme / t_llmc:.2f}x"
         f" ({c_lme / c_llmc:.2f}x); goal >= 3x"
     )
-    same = nat.acc == lme["acc,none"] and nat.acc_norm == lme["acc_norm,none"]
+    same = nat == (lme["acc,none"], lme["acc_norm,none"])
     print(f"native lm-eval scoring equals the harness: {'yes' if same else 'NO'}")
 
 

@@ -13,8 +13,8 @@ dir). Loaders, each fresh for every repeat, repeats interleaved:
 The consumer does what the loop does with a batch: `x.to(device, non_blocking=True)` (a no-op on
 the CPU). Two measures, medians over `--repeats`:
 
-1. tokens/s delivered to the rank when the consumer does nothing else, against the goal of the
-   cluster-readiness issue: 20 x 550,000 = 11.0M tokens/s a rank (20x what a rank trains at);
+1. tokens/s delivered to the rank when the consumer does nothing else, against the goal:
+   20 x 550,000 = 11.0M tokens/s a rank (20x what a rank trains at);
 2. how long `next_batch()` blocks the consumer when it does `--work-ms` of other work a
    micro-batch: a sleep (a GPU step the loop waits on, the GIL free) or a spin (Python holding
    the GIL, the worst case for a thread). At 550K tokens/s a rank, a 65,536-token micro-batch
@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from lmpipe.data.loader import ShardLoader
+from lmpipe.data.loader import DataShare, ShardLoader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
@@ -75,7 +75,7 @@ class Ready:
 def build(variant: str, shard: Path, rank: int, depth: int):
     if variant == "ready":
         return Ready()
-    loader = ShardLoader([shard], B, T, BATCH_TOKENS, rank, WORLD)
+    loader = ShardLoader([shard], B, T, BATCH_TOKENS, DataShare(rank, WORLD))
     if variant == "bare":
         return loader
     return Prefetcher(loader, depth=depth, pin=variant == "prefetch+pin")

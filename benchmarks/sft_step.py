@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 from lmpipe.chat.data import prepare, write  # noqa: E402
 from lmpipe.chat.loader import ConversationLoader, load_split  # noqa: E402
 from lmpipe.config import ConversationsConfig, ModelConfig, ScheduleConfig, TrainConfig  # noqa: E402
+from lmpipe.data.loader import DataShare  # noqa: E402
 from lmpipe.data.tokenizer import gpt2_encoding  # noqa: E402
 from lmpipe.models.gpt2.model import GPT  # noqa: E402
 from lmpipe.registry import AdamWSettings  # noqa: E402
@@ -58,7 +59,7 @@ def run(manifest: Path, counted_only: bool, args) -> tuple[float, list[float]]:
     model.head_on_counted_only = counted_only
     optimizer = build_optimizer(model, tc.optimizer)
     peak_lrs = [group["lr"] for group in optimizer.param_groups]
-    loader = ConversationLoader(x, y, tc.micro_batch, tc.batch_tokens, 0, 1, seed=1337)
+    loader = ConversationLoader(x, y, tc.micro_batch, tc.batch_tokens, DataShare(0, 1), seed=1337)
     times, losses = [], []
     for step in range(args.steps):
         t0 = time.perf_counter()

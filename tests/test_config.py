@@ -6,18 +6,21 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from dataclasses import dataclass
 
 import pytest
 import yaml
 
 from conftest import REPO
 from lmpipe import config as lmconfig
-from lmpipe import schema
+from lmpipe import config_schema, schema
 from lmpipe.registry import EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
+from lmpipe.settings import optional, section_schema, setting
 from lmpipe.train.loop import NOT_TRAJECTORY
 
 CONFIG = REPO / "config" / "config.yaml"
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 
 
 @pytest.fixture
@@ -158,57 +161,67 @@ def test_build_refuses_unknown_and_missing_keys():
         lmconfig.build(lmconfig.ModelConfig, {"n_layer": 2, "n_embd": 8}, "model")
 
 
-# ---- the schema's defaults are the dataclasses' --------------------------------------------------
-
-# (schema definition, property or "") -> the dataclasses built from it (a dataset feeds three)
-SCHEMA_CLASSES = {
-    ("dataset", ""): (lmconfig.SourceConfig, lmconfig.TokenizeConfig, lmconfig.ConversationsConfig),
-    ("model", ""): (lmconfig.ModelConfig,),
-    ("train", ""): (lmconfig.TrainConfig,),
-    ("launch", ""): (lmconfig.LaunchConfig,),
-    ("run", "sft"): (lmconfig.SFTConfig,),
-    ("run", "base"): (lmconfig.BaseConfig,),
-}
-# schema defaults no dataclass holds: `kind` picks which dataclass a dataset becomes
-SELECTORS = {"kind"}
+# ---- the schema file is generated from the settings' dataclasses ---------------------------------
 
 
-def schema_defaults(props: dict, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for name, prop in props.items():
-        if "default" in prop and prop["default"] not in ({}, None):
-            out[prefix + name] = prop["default"]
-        if "properties" in prop:
-            out |= schema_defaults(prop["properties"], f"{prefix}{name}.")
-    return out
+def test_the_schema_file_is_what_the_dataclasses_generate():
+    """A setting changed in its dataclass (a default, a constraint, a description) without
+    `python -m lmpipe.schema --write` leaves Snakemake checking the config against the old one."""
+    assert SCHEMA.read_text() == config_schema.render(), (
+        f"{SCHEMA.name} differs from the dataclasses: run `python -m lmpipe.schema --write`"
+    )
+    # what Snakemake reads back is what was generated (YAML's folding and quoting round-trip)
+    assert yaml.safe_load(SCHEMA.read_text()) == config_schema.config_schema()
 
 
-def dataclass_defaults(cls: type, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING and dataclasses.is_dataclass(f.default):
-            out |= dataclass_defaults(type(f.default), f"{prefix}{f.name}.")
-        elif f.default is not dataclasses.MISSING and f.default is not None:
-            value = f.default
-            out[prefix + f.name] = list(value) if isinstance(value, tuple) else value
-    return out
+def test_every_setting_has_its_schema_and_its_default_there():
+    """Each section's properties are its dataclass's fields, with the dataclass's defaults (the
+    generator's own reading of a field, checked on the file Snakemake reads)."""
+    defs = yaml.safe_load(SCHEMA.read_text())["definitions"]
+    for name, cls in {"train": lmconfig.TrainConfig, "launch": lmconfig.LaunchConfig}.items():
+        props = defs[name]["properties"]
+        assert list(props) == [f.name for f in dataclasses.fields(cls)]
+    assert defs["train"]["properties"]["grad_clip"]["default"] == lmconfig.TrainConfig.grad_clip
+    hellaswag = defs["eval"]["properties"]["hellaswag"]["properties"]
+    assert hellaswag["items"]["default"] == EVAL_SECTIONS["hellaswag"].items
 
 
-@pytest.mark.parametrize("where", SCHEMA_CLASSES, ids=lambda w: ".".join(filter(None, w)))
-def test_schema_defaults_equal_the_dataclasses(where):
-    definition, prop = where
-    schema = yaml.safe_load(SCHEMA.read_text())["definitions"][definition]
-    if prop:
-        schema = schema["properties"][prop]
-    in_schema = schema_defaults(schema["properties"])
-    for key in SELECTORS:
-        in_schema.pop(key, None)
-    in_classes: dict[str, object] = {}
-    for cls in SCHEMA_CLASSES[where]:
-        in_classes |= dataclass_defaults(cls)
-    # a fine-tuning run's max_steps follows from its epochs: the schema cannot give a default
-    in_classes.pop("max_steps", None)
-    assert in_schema == in_classes
+@dataclass(frozen=True)
+class _Schedule:
+    """When it runs during training."""
+
+    every: int = setting(0, "every N steps; 0: off", minimum=0)
+    tasks: list[str] = setting([], "which")
+
+
+@dataclass(frozen=True)
+class _Section:
+    items: int = setting(5, "items", minimum=1)
+    during_training: _Schedule = setting(_Schedule(), "its schedule during training")
+    later: _Schedule | None = optional()  # absent: None
+
+
+def test_a_nested_settings_dataclass_is_an_object_with_its_own_defaults(tmp_path):
+    """A section may hold a dataclass of settings: the schema nests it (its docstring the
+    description where the field has none), Snakemake's validate() fills in its defaults, and
+    lmpipe.config builds it back."""
+    from snakemake.utils import validate
+
+    section = section_schema(_Section)
+    nested = section["properties"]["during_training"]
+    assert nested["type"] == "object" and nested["default"] == {}
+    assert nested["description"] == "its schedule during training"
+    assert section["properties"]["later"]["type"] == "object"
+    assert section["properties"]["later"]["description"] == "When it runs during training."
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"$schema": SCHEMA_DRAFT} | section))
+    data = {"during_training": {"every": 7}}
+    validate(data, str(path))
+    assert data == {"items": 5, "during_training": {"every": 7, "tasks": []}}
+    built = lmconfig.build(_Section, data, "eval.x")
+    assert built == _Section(during_training=_Schedule(every=7))
+    with pytest.raises(Exception, match="-1 is less than the minimum of 0"):
+        validate({"during_training": {"every": -1}}, str(path))
 
 
 def test_registry_sections_get_their_dataclass_defaults(tmp_path, cfg):
@@ -334,3 +347,10 @@ def test_checkpoint_async_is_in_the_train_params_only_when_on():
     assert on["checkpoint_async"] is True
     assert {k: v for k, v in on.items() if k != "checkpoint_async"} == off
     assert "checkpoint_async" in NOT_TRAJECTORY  # a resumed run may switch it
+
+
+def test_one_gres_builder_for_the_train_rule_and_the_derived_resources():
+    gpu = lmconfig.LaunchConfig(device="cuda", procs_per_node=8, gpu_model="a100")
+    assert gpu.gres(gpu.procs_per_node) == "gpu:a100:8" and gpu.gres(1) == "gpu:a100:1"
+    assert lmconfig.LaunchConfig(device="cuda").gres(2) == "gpu:2"
+    assert lmconfig.LaunchConfig(device="cpu", procs_per_node=2).gres(2) is None

@@ -43,7 +43,7 @@ CASES = {
         lambda c: c["datasets"]["fineweb10B"].pop("name"),
         "datasets.fineweb10B: source 'huggingface' needs `repo` and `name`",
     ),
-    # validate_model: an architecture's settings (lmpipe.registry Architecture.settings)
+    # config.model_config: a model's keys, those of its arch's settings (Architecture.settings)
     "setting_of_another_arch": (
         lambda c: c["models"]["tiny"].update(qk_norm=False),
         "models.tiny: unknown key 'qk_norm' for model.arch 'gpt2' (a setting of model.arch"

@@ -149,7 +149,7 @@ def test_shard_loader_inputs_and_next_token_targets_are_the_shards_slices(tmp_pa
     shard's tokens (read here with np.fromfile after the 1024-byte header): step s covers
     batch_tokens consecutive tokens, micro-batch i of rank r slice i*W + r of them; a step that
     would run past a shard's end starts the next shard, and the last wraps to the first."""
-    from lmpipe.data.loader import ShardLoader, val_batches
+    from lmpipe.data.loader import DataShare, ShardLoader, val_batches
 
     rng = np.random.default_rng(0)
     files = [tmp_path / "t_train_000001.bin", tmp_path / "t_train_000002.bin"]
@@ -161,7 +161,7 @@ def test_shard_loader_inputs_and_next_token_targets_are_the_shards_slices(tmp_pa
     for world in (1, 2):
         micro_steps = batch_tokens // (B * T * world)
         for rank in range(world):
-            loader = ShardLoader(files, B, T, batch_tokens, rank, world)
+            loader = ShardLoader(files, B, T, batch_tokens, DataShare(rank, world))
             # (shard, first token) of each step: 3 in the first shard, 2 in the second, wrap
             for shard, pos in [(0, 0), (0, 64), (0, 128), (1, 0), (1, 64), (0, 0), (0, 64)]:
                 for i in range(micro_steps):
@@ -170,7 +170,7 @@ def test_shard_loader_inputs_and_next_token_targets_are_the_shards_slices(tmp_pa
                     np.testing.assert_array_equal(x.flatten(), tokens[shard][p : p + B * T])
                     np.testing.assert_array_equal(y.flatten(), tokens[shard][p + 1 : p + B * T + 1])
             # validation: this rank's slices of the first val_tokens of the shard, the same way
-            for k, (x, y) in enumerate(val_batches(files[1], B, T, 64, rank, world)):
+            for k, (x, y) in enumerate(val_batches(files[1], B, T, 64, DataShare(rank, world))):
                 p = (k * world + rank) * B * T
                 np.testing.assert_array_equal(x.flatten(), tokens[1][p : p + B * T])
                 np.testing.assert_array_equal(y.flatten(), tokens[1][p + 1 : p + B * T + 1])

@@ -17,6 +17,7 @@ from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 from lmpipe.eval import hellaswag, packing
 from lmpipe.eval.samples import generate, sample_completions
+from lmpipe.eval.suite import native
 from lmpipe.eval.val_loss import val_loss
 from lmpipe.models import load_hf
 from lmpipe.models.gpt2.hf import write_hf
@@ -119,6 +120,11 @@ def make_item(ctx: str, endings: list[str], label: int) -> dict:
     }
 
 
+def task(items: list[dict], scoring: str = "llmc"):
+    """HellaSwag's items as the native scorer's task."""
+    return hellaswag.task_data(items, ENC, scoring)
+
+
 def test_llmc_scoring_finds_known_answers(memorised_model):
     model, _ = memorised_model
     wrong = ["flew over the moon.", "ate a purple elephant.", "sang loudly."]
@@ -128,12 +134,12 @@ def test_llmc_scoring_finds_known_answers(memorised_model):
         make_item("He parked the red", [wrong[0], wrong[1], "car in the garage.", wrong[2]], 2),
         make_item("They planted", [*wrong, "tomatoes in the garden."], 3),
     ]
-    result = hellaswag.score(model, items, ENC, "llmc", batch_items=3, show_progress=False)
+    result = native.score_task(model, task(items), ENC, batch_rows=12, show_progress=False)
     assert result.pred == [0, 1, 2, 3] and result.pred_norm == [0, 1, 2, 3]
-    assert result.acc == result.acc_norm == 1.0
+    assert result.acc == result.acc_norm == [1, 1, 1, 1]
     # and with the labels pointing elsewhere, nothing is right: the metric reads the labels
     shifted = [it | {"label": (it["label"] + 1) % 4} for it in items]
-    assert hellaswag.score(model, shifted, ENC, "llmc", show_progress=False).acc == 0.0
+    assert native.score_task(model, task(shifted), ENC, show_progress=False).acc == [0, 0, 0, 0]
 
 
 def test_acc_norm_normalisers():
@@ -143,8 +149,10 @@ def test_acc_norm_normalisers():
     rows = hellaswag.item_rows(item, ENC, "llmc")
     assert [len(c) for _, c in rows] == [len(ENC.encode_ordinary(" " + e)) for e in item["endings"]]
     assert hellaswag.normaliser(item, rows, "llmc").tolist() == [len(c) for _, c in rows]
+    assert task([item]).items[0].choice_lengths == tuple(len(c) for _, c in rows)
     lm_norm = hellaswag.normaliser(item, hellaswag.item_rows(item, ENC, "lm_eval"), "lm_eval")
     assert lm_norm.tolist() == [len("mat and purred."), 3, 5, 7]  # characters, without the space
+    assert task([item], "lm_eval").items[0].choice_lengths == (len("mat and purred."), 3, 5, 7)
 
 
 # ---- the native scorer in lm-eval mode equals the real harness ---------------------------------
@@ -164,22 +172,17 @@ def test_lm_eval_mode_equals_harness(hf_dir, monkeypatch):
 
     model = load_hf(hf_dir)
     items = hellaswag.load_items(ITEMS, n)
-    native = hellaswag.score(model, items, ENC, "lm_eval", batch_items=5, show_progress=False)
-    assert native.acc == harness["acc,none"]
-    assert native.acc_norm == harness["acc_norm,none"]
+    ours = native.score_task(model, task(items, "lm_eval"), ENC, 20, show_progress=False)
+    assert sum(ours.acc) / n == harness["acc,none"]
+    assert sum(ours.acc_norm) / n == harness["acc_norm,none"]
     # item by item: the same log-likelihoods and the same right/wrong calls
     lls = np.array([[r[0] for r in s["filtered_resps"]] for s in samples])
-    np.testing.assert_allclose(np.array(native.loglik), lls, rtol=1e-5, atol=1e-3)
-    labels = [it["label"] for it in items]
-    assert [float(p == g) for p, g in zip(native.pred, labels, strict=True)] == [
-        s["acc"] for s in samples
-    ]
-    assert [float(p == g) for p, g in zip(native.pred_norm, labels, strict=True)] == [
-        s["acc_norm"] for s in samples
-    ]
+    np.testing.assert_allclose(np.array(ours.loglik), lls, rtol=1e-5, atol=1e-3)
+    assert [float(a) for a in ours.acc] == [s["acc"] for s in samples]
+    assert [float(a) for a in ours.acc_norm] == [s["acc_norm"] for s in samples]
     # and the llm.c scoring really is a different protocol (other text, other normaliser)
-    llmc = hellaswag.score(model, items, ENC, "llmc", show_progress=False)
-    assert not np.allclose(llmc.loglik, native.loglik)
+    llmc = native.score_task(model, task(items), ENC, show_progress=False)
+    assert not np.allclose(llmc.loglik, ours.loglik)
 
 
 # ---- val loss and samples ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The HellaSwag scorer against its definitions, in-process and fast.
+"""HellaSwag as a task of the native multiple-choice scorer, against its definitions, fast.
 
 - acc: argmax over the four endings of the summed log-likelihood; acc_norm: argmax of the
   log-likelihood divided by the ending's tokens (llm.c's `dev/data/hellaswag.py`) or by its
@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TOKENIZER_DIR
+from conftest import TOKENIZER_DIR, naive_logprob
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval import hellaswag, packing
+from lmpipe.eval.suite import native
 
 ENC = gpt2_encoding(TOKENIZER_DIR)
 
@@ -142,14 +143,14 @@ def test_llmc_rows_are_ctx_then_space_ending():
 
 
 def scored(monkeypatch, items, loglik, mode=None):
-    """score() with the model's log-likelihoods given: only the metric is under test.
-    No mode: score's default."""
+    """The native scorer on the items' task with the model's log-likelihoods given: only the
+    metric is under test. No mode: task_data's default."""
     monkeypatch.setattr(
-        hellaswag.packing, "score_rows", lambda *a, **k: np.array(loglik, dtype=float).ravel()
+        native.packing, "score_rows", lambda *a, **k: np.array(loglik, dtype=float).ravel()
     )
-    if mode is None:
-        return hellaswag.score(None, items, ENC, show_progress=False)
-    return hellaswag.score(None, items, ENC, mode, show_progress=False)
+    data = hellaswag.task_data(items, ENC, *([mode] if mode else []))
+    model = SimpleNamespace(config=SimpleNamespace(block_size=1024))  # never run
+    return native.score_task(model, data, ENC, show_progress=False)
 
 
 def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch):
@@ -160,8 +161,8 @@ def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch)
     ll[0] = max(ll) + 0.5  # the best sum, a worse mean than ending 1
     r = scored(monkeypatch, [it | {"label": 1}], [ll], "llmc")
     assert (r.pred, r.pred_norm) == ([0], [1])
-    assert (r.acc, r.acc_norm) == (0.0, 1.0)
-    assert r.loglik == [ll] and r.items == 1 and r.mode == "llmc"
+    assert (r.acc, r.acc_norm) == ([0], [1])
+    assert r.loglik == [ll] and r.items == 1
 
 
 def test_acc_norm_divides_by_characters_for_lm_eval_and_by_tokens_for_llmc(monkeypatch):
@@ -179,9 +180,11 @@ def test_ties_go_to_the_first_ending_and_accuracy_is_the_mean_over_items(monkeyp
     items = [item(label=0), item(label=1), item(label=2), item(label=3)]
     ll = [[-1, -1, -1, -1], [-2, -1, -1, -3], [-5, -5, -1, -5], [-1, -2, -3, -4]]
     r = scored(monkeypatch, items, ll)
-    assert r.mode == "llmc"  # the default: llm.c's scoring
     assert r.pred == [0, 1, 2, 0]
-    assert r.acc == 0.75
+    assert sum(r.acc) / r.items == 0.75
+    # the default scoring is llm.c's: its divisor, tokens, picks ending 1 where characters pick 0
+    it = item(endings=["aaaaaaaaaaaaaaaaaaaa", "b", "c", "d"], label=0)
+    assert scored(monkeypatch, [it], [[-15.0, -2.0, -3.0, -4.0]]).pred_norm == [1]
 
 
 # ---- the batched forward ---------------------------------------------------------------------
@@ -224,35 +227,120 @@ def test_packed_rows_sum_the_endings_log_probabilities_in_any_batch():
         packing.score_rows(model, [([1], [2] * 7)], 2)
 
 
+# ---- through the native scorer: the one multiple-choice scorer of every task -----------------
+
+
+def tiny_gpt(block_size: int = 128):
+    from lmpipe.models.gpt2.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=block_size)).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # far from init: the choices' log-likelihoods differ
+            p.normal_(0.0, 0.5)
+    return model
+
+
+def reference(model, items: list[dict], scoring: str) -> tuple[np.ndarray, list[int], list[int]]:
+    """Per item: each ending's log-likelihood by the naive forward, and the picks of acc and
+    acc_norm, from the definitions (rows and divisors written out here, not the module's)."""
+    lls, pred, pred_norm = [], [], []
+    for it in items:
+        if scoring == "llmc":  # ctx and " " + ending encoded apart; divide by the ending's tokens
+            ctx = ENC.encode_ordinary(it["ctx"])
+            rows = [(ctx, ENC.encode_ordinary(" " + e)) for e in it["endings"]]
+            div = [len(cont) for _, cont in rows]
+        else:  # lm-eval: the preprocessed query, split off the whole; divide by characters
+            query, choices = hellaswag.lm_eval_prompt(it)
+            ctx = ENC.encode_ordinary(query)
+            rows = [(ctx, ENC.encode_ordinary(query + " " + c)[len(ctx) :]) for c in choices]
+            div = [len(c) for c in choices]
+        ll = np.array([naive_logprob(model, c, e) for c, e in rows])
+        lls.append(ll)
+        pred.append(int(np.argmax(ll)))
+        pred_norm.append(int(np.argmax(ll / np.array(div, dtype=float))))
+    return np.array(lls), pred, pred_norm
+
+
+@pytest.mark.parametrize("scoring", ["llmc", "lm_eval"])
+def test_the_native_scorer_equals_the_naive_forward_row_by_row(scoring):
+    """Real items (a 64-token model: long contexts cut from the left), both scorings: every
+    ending's log-likelihood equals its row run alone through the plain causal forward, and acc
+    and acc_norm pick as the definitions do."""
+    from conftest import RESOURCES
+
+    model = tiny_gpt(block_size=64)
+    items = hellaswag.load_items(RESOURCES / "hellaswag_val_sample.jsonl", 12)
+    data = hellaswag.task_data(items, ENC, scoring)
+    got = native.score_task(model, data, ENC, batch_rows=8, show_progress=False)
+    ll, pred, pred_norm = reference(model, items, scoring)
+    np.testing.assert_allclose(np.array(got.loglik), ll, rtol=1e-5, atol=1e-4)
+    assert (got.pred, got.pred_norm) == (pred, pred_norm)
+    assert got.acc == [int(p == it["label"]) for p, it in zip(pred, items, strict=True)]
+    assert got.acc_norm == [int(p == it["label"]) for p, it in zip(pred_norm, items, strict=True)]
+    assert len(set(pred)) > 1  # not one answer for every item
+
+
+def test_llmc_rows_are_the_tasks_own_where_lm_evals_encoding_splits_otherwise():
+    """A context ending in a space: llm.c keeps the space token in the context, lm-eval's
+    encoding moves it into the continuation. The llmc task scores llm.c's rows (its items carry
+    them); without them the native scorer would score lm-eval's. (No item of the sample file
+    splits differently: this one is made up.)"""
+    it = item(ctx="A man cracks an egg. he ")
+    llmc = hellaswag.task_data([it], ENC, "llmc")
+    rows = native.item_rows(llmc.items, ENC)
+    assert rows == hellaswag.item_rows(it, ENC, "llmc")
+    assert ENC.decode(rows[0][0]).endswith("he ") and ENC.decode(rows[0][1]) == " stirs it."
+    lm_evals = native.encode_pair(ENC, it["ctx"], " stirs it.")
+    assert lm_evals != rows[0] and ENC.decode(lm_evals[1]) == "  stirs it."
+    model = tiny_gpt()
+    got = native.score_task(model, llmc, ENC, show_progress=False).loglik[0]
+    np.testing.assert_allclose(got, [naive_logprob(model, c, e) for c, e in rows], rtol=1e-5)
+    assert abs(got[0] - naive_logprob(model, *lm_evals)) > 1e-3
+    # the lm_eval option: lm-eval's request on its own prompt, encoded as every suite task's
+    lm_eval = hellaswag.task_data([it], ENC, "lm_eval").items[0]
+    assert lm_eval.rows is None and lm_eval.contexts[0] == "Cooking: A man cracks an egg. He"
+    assert lm_eval.choice_lengths == (9, 15, 19, 1)  # characters; llm.c's: tokens
+    assert llmc.items[0].choice_lengths == tuple(len(e) for _, e in rows) == (4, 4, 5, 1)
+    with pytest.raises(ValueError, match="unknown scoring mode 'mine'"):
+        hellaswag.task_data([it], ENC, "mine")
+
+
 # ---- the `hellaswag` evaluation ----------------------------------------------------------------
 
 
 def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, monkeypatch, capsys):
-    """The evaluation: llm.c acc_norm of the first items; a short file scored whole, noted."""
-    from lmpipe.models.gpt2.model import GPT, GPTConfig
+    """The evaluation: llm.c's acc and acc_norm of the first items (the naive reference's picks),
+    their standard errors, the right answers item by item; a short file scored whole, noted."""
+    import math
+    import statistics
+
+    from conftest import RESOURCES
     from lmpipe.registry import HellaSwagSettings
 
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=128)).eval()
+    model = tiny_gpt()
     loaded = []
     monkeypatch.setattr(hellaswag, "load_hf", lambda d: loaded.append(d) or model)
     path = tmp_path / "hs.jsonl"
-    items = [item(label=i % 4) for i in range(5)]
+    items = hellaswag.load_items(RESOURCES / "hellaswag_val_sample.jsonl", 7)
     path.write_text("\n".join(map(json.dumps, items)) + "\n")
     inputs = {"hellaswag": path}
-    want = hellaswag.score(model, items[:3], ENC, "llmc", show_progress=False)
-    r = hellaswag.evaluate(HellaSwagSettings(items=3, batch=2), tmp_path, inputs, "cpu")
-    assert (r["metric"], r["value"], r["acc"], r["items"]) == (
-        "hellaswag",
-        want.acc_norm,
-        want.acc,
-        3,
-    )
-    assert r["acc_norm"] == want.acc_norm
+    _, pred, pred_norm = reference(model, items[:6], "llmc")
+    right = {
+        "acc": [int(p == it["label"]) for p, it in zip(pred, items, strict=False)],
+        "acc_norm": [int(p == it["label"]) for p, it in zip(pred_norm, items, strict=False)],
+    }
+    assert right["acc"] != right["acc_norm"] and 0 < sum(right["acc_norm"]) < 6  # telling
+    r = hellaswag.evaluate(HellaSwagSettings(items=6, batch=2), tmp_path, inputs, "cpu")
+    assert (r["metric"], r["value"], r["items"]) == ("hellaswag", sum(right["acc_norm"]) / 6, 6)
+    assert r["per_item"] == right
+    for metric, flags in right.items():
+        assert r[metric] == sum(flags) / 6
+        assert r[f"{metric}_stderr"] == pytest.approx(statistics.stdev(flags) / math.sqrt(6))
     assert loaded == [tmp_path]
     by = r["produced_by"]
     assert (by["module"], by["scoring"], by["device"]) == ("lmpipe.eval.hellaswag", "llmc", "cpu")
     assert by["items_file"] == str(path) and by["model"] == str(tmp_path)
     assert "fewer" not in capsys.readouterr().out
     r = hellaswag.evaluate(HellaSwagSettings(items=9, batch=4), tmp_path, inputs, "cpu")
-    assert r["items"] == 5 and f"{path} holds 5 items, fewer than 9" in capsys.readouterr().out
+    assert r["items"] == 7 and f"{path} holds 7 items, fewer than 9" in capsys.readouterr().out

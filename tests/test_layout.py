@@ -25,6 +25,9 @@ GROUND = {
     "plan",
     "throughputs",
     "sweeps",
+    "dag",
+    "settings",
+    "config_schema",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmpipe.data.loader import ShardLoader, shard_files, val_batches
+from lmpipe.data.loader import DataShare, ShardLoader, shard_files, val_batches
 from lmpipe.data.shards import write_shard
 
 
@@ -32,7 +32,7 @@ def test_each_rank_reads_its_slices_of_consecutive_steps(tmp_path):
     """B 2, T 4, 2 ranks, 2 micro-steps: a step is 32 tokens; rank r's micro i at (2i + r) * 8."""
     files = [shard(tmp_path / "a.bin", 0, 200)]
     for r in range(2):
-        ld = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=32, rank=r, world_size=2)
+        ld = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=32, dp=DataShare(r, 2))
         for step in range(3):
             for i in range(2):
                 x, y = ld.next_batch()
@@ -44,7 +44,7 @@ def test_each_rank_reads_its_slices_of_consecutive_steps(tmp_path):
 def test_a_step_past_a_shards_end_starts_the_next_shard_and_wraps(tmp_path):
     """Shards of 17 (2 steps of 8 + 1 fit exactly), 16 (1 step) and 9 tokens: 0, 0, 1, 2, 0."""
     files = [shard(tmp_path / f"{s}.bin", s, n) for s, n in enumerate([17, 16, 9])]
-    ld = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=8, rank=0, world_size=1)
+    ld = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=8, dp=DataShare(0, 1))
     starts = [0, 8, 1000, 2000, 0, 8]
     for start in starts:
         x, y = ld.next_batch()
@@ -54,11 +54,11 @@ def test_a_step_past_a_shards_end_starts_the_next_shard_and_wraps(tmp_path):
 def test_the_position_names_shard_and_offset_and_restores_there(tmp_path):
     """state_dict() between steps is (shard, pos); a new loader loaded with it continues there."""
     files = [shard(tmp_path / f"{s}.bin", s, 17) for s in range(2)]
-    ld = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=8, rank=0, world_size=1)
+    ld = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=8, dp=DataShare(0, 1))
     for _ in range(3):
         ld.next_batch()
     assert ld.state_dict() == {"shard": 1, "pos": 8}
-    other = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=8, rank=0, world_size=1)
+    other = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=8, dp=DataShare(0, 1))
     other.load_state_dict({"shard": 1, "pos": 8})
     assert torch.equal(other.next_batch()[0], expected(1008, 2, 4)[0])
 
@@ -66,7 +66,7 @@ def test_the_position_names_shard_and_offset_and_restores_there(tmp_path):
 def test_the_position_is_not_saved_mid_step(tmp_path):
     """Between the micro-batches of a step there is no valid position to save."""
     files = [shard(tmp_path / "a.bin", 0, 100)]
-    ld = ShardLoader(files, micro_batch=1, seq_len=4, batch_tokens=8, rank=0, world_size=1)
+    ld = ShardLoader(files, micro_batch=1, seq_len=4, batch_tokens=8, dp=DataShare(0, 1))
     ld.next_batch()
     with pytest.raises(AssertionError, match="between steps"):
         ld.state_dict()
@@ -75,10 +75,10 @@ def test_the_position_is_not_saved_mid_step(tmp_path):
 def test_a_shard_shorter_than_one_step_plus_one_is_named(tmp_path):
     """A shard needs batch_tokens + 1 tokens: exactly that is fine, one fewer an error."""
     ok = shard(tmp_path / "ok.bin", 0, 9)
-    ShardLoader([ok], micro_batch=2, seq_len=4, batch_tokens=8, rank=0, world_size=1)
+    ShardLoader([ok], micro_batch=2, seq_len=4, batch_tokens=8, dp=DataShare(0, 1))
     short = shard(tmp_path / "short.bin", 0, 8)
     with pytest.raises(ValueError, match="short.bin.*batch_tokens 8"):
-        ShardLoader([short], micro_batch=2, seq_len=4, batch_tokens=8, rank=0, world_size=1)
+        ShardLoader([short], micro_batch=2, seq_len=4, batch_tokens=8, dp=DataShare(0, 1))
 
 
 def test_shard_files_lists_a_splits_shards_in_order_beside_the_manifest(tmp_path):
@@ -100,7 +100,7 @@ def test_val_batches_are_this_ranks_share_of_the_first_val_tokens(tmp_path, n, v
     file = shard(tmp_path / "val.bin", 0, n)
     seen = []
     for r in range(2):
-        batches = val_batches(file, 2, 4, val_tokens, rank=r, world_size=2)
+        batches = val_batches(file, 2, 4, val_tokens, dp=DataShare(r, 2))
         assert len(batches) == steps
         for i, (x, y) in enumerate(batches):
             ex, ey = expected((2 * i + r) * 8, 2, 4)
@@ -114,4 +114,4 @@ def test_a_val_shard_shorter_than_one_batch_is_named(tmp_path):
     """Fewer than B * T * W + 1 tokens: no batch at all, an error naming the file."""
     file = shard(tmp_path / "val.bin", 0, 16)
     with pytest.raises(ValueError, match="val.bin.*one validation batch of 16"):
-        val_batches(file, 2, 4, 10_000, rank=0, world_size=2)
+        val_batches(file, 2, 4, 10_000, DataShare(0, 2))

@@ -26,6 +26,7 @@ from lmpipe.config import named_models
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval import hellaswag
+from lmpipe.eval.suite import native
 from lmpipe.models import build_model, load_hf
 from lmpipe.models.modern import write_hf
 from lmpipe.models.modern.model import ModernGPT, apply_rotary, modern_config, rotary
@@ -454,10 +455,10 @@ def test_native_scorers_run_on_a_modern_folder(modern_dir, manifest, tmp_path):
         _, expected = model(t[:-1].view(8, 64), t[1:].view(8, 64))
     assert loss["tokens"] == 512 and loss["value"] == pytest.approx(expected.item(), rel=1e-5)
     hs = json.loads((tmp_path / "hellaswag.json").read_text())
-    native = hellaswag.score(
-        model, hellaswag.load_items(ITEMS, 8), ENC, "llmc", show_progress=False
-    )
-    assert hs["items"] == 8 and (hs["acc"], hs["acc_norm"]) == (native.acc, native.acc_norm)
+    task = hellaswag.task_data(hellaswag.load_items(ITEMS, 8), ENC, "llmc")
+    ours = native.score_task(model, task, ENC, show_progress=False)
+    assert hs["items"] == 8
+    assert (hs["acc"], hs["acc_norm"]) == (sum(ours.acc) / 8, sum(ours.acc_norm) / 8)
 
 
 # ---- lm-eval: the `lmpipe` model equals `hf` on GPT-2, and scores the modern folder --------------
@@ -495,9 +496,7 @@ def test_lm_eval_lmpipe_model_equals_hf_on_gpt2_and_runs_on_modern(tmp_path, mon
     # the modern folder, through the folder's own model (`lmpipe`): what the native scorer in
     # lm-eval's mode computes, item by item
     ll, acc, _ = per_item(modern_dir, None)
-    native = hellaswag.score(
-        load_hf(modern_dir), hellaswag.load_items(ITEMS, n), ENC, "lm_eval", show_progress=False
-    )
-    np.testing.assert_allclose(np.array(native.loglik), ll, rtol=1e-5, atol=1e-3)
-    labels = [it["label"] for it in hellaswag.load_items(ITEMS, n)]
-    assert [float(p == g) for p, g in zip(native.pred, labels, strict=True)] == acc
+    task = hellaswag.task_data(hellaswag.load_items(ITEMS, n), ENC, "lm_eval")
+    ours = native.score_task(load_hf(modern_dir), task, ENC, show_progress=False)
+    np.testing.assert_allclose(np.array(ours.loglik), ll, rtol=1e-5, atol=1e-3)
+    assert [float(a) for a in ours.acc] == acc

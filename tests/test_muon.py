@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 
@@ -240,15 +241,20 @@ def grads(model: torch.nn.Module, step: int) -> dict[str, torch.Tensor]:
     return {n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
 
 
-def sharded_steps(rank: int, store: str, out: str) -> None:
-    """One of RANKS processes: the small GPT-2 sharded with lmpipe's FSDP2, STEPS Muon steps on
+def sharded_steps(rank: int, store: str, out: str, mesh_shape: tuple[int, ...] = (RANKS,)) -> None:
+    """One of the mesh's processes: the small GPT-2 sharded with lmpipe's FSDP2 over the mesh's
+    last ("dp") dimension (a 2-D mesh: HSDP, replicated over the first), STEPS Muon steps on
     fixed gradients; writes its Newton-Schulz calls and (rank 0) the full weights."""
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
 
     from lmpipe.train.parallel import parallelize
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS)
+    world = math.prod(mesh_shape)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    names = ("replicate", "dp")[-len(mesh_shape) :]
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     calls = []
     real = muon_module.newton_schulz
 
@@ -258,12 +264,13 @@ def sharded_steps(rank: int, store: str, out: str) -> None:
 
     muon_module.newton_schulz = counted
     torch.manual_seed(0)
-    model = parallelize(build_model(ModelConfig(**SMALL)), torch.device("cpu"), "float32", False)
+    model = build_model(ModelConfig(**SMALL))
+    model = parallelize(model, torch.device("cpu"), "float32", False, mesh=mesh)
     opt = build_optimizer(model, settings(**SETTINGS))
     for step in range(STEPS):
         full = grads(model, step)
         for n, p in model.named_parameters():
-            p.grad = distribute_tensor(full[n], p.device_mesh, [Shard(0)], src_data_rank=None)
+            p.grad = distribute_tensor(full[n], p.device_mesh, p.placements, src_data_rank=None)
         opt.step()
         calls.append("step")
     weights = {n: p.full_tensor() for n, p in model.named_parameters()}
@@ -279,6 +286,56 @@ def sharded(tmp_path_factory) -> Path:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(sharded_steps, args=(str(out / "store"), str(out)), nprocs=RANKS, join=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def sharded_2d(tmp_path_factory) -> Path:
+    """4 ranks on a 2 x 2 mesh: 2 replicas (HSDP) of a model sharded over 2 data-parallel ranks."""
+    out = tmp_path_factory.mktemp("muon_mesh")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(sharded_steps, args=(str(out / "store"), str(out), (2, 2)), nprocs=4, join=True)
+    return out
+
+
+def assert_whole_matrices(weights: dict[str, torch.Tensor]) -> None:
+    """`weights` are where one process lands with the whole matrices (plain tensors, no FSDP)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**SMALL))
+    opt = build_optimizer(model, settings(**SETTINGS))
+    for step in range(STEPS):
+        full = grads(model, step)
+        for n, p in model.named_parameters():
+            p.grad = full[n]
+        opt.step()
+    assert weights.keys() == dict(model.named_parameters()).keys()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(weights[n], p.detach(), rtol=0, atol=1e-6, msg=n)
+
+
+@pytest.mark.slow
+def test_muon_on_a_2d_mesh_gathers_over_its_data_parallel_dimension(sharded_2d):
+    """A mesh of two dimensions (HSDP: replicas x data-parallel shards): each matrix's rows are
+    gathered over the data-parallel dimension only, and the step is the whole matrices' step."""
+    assert_whole_matrices(torch.load(sharded_2d / "weights.pt", weights_only=True))
+    calls = [json.loads((sharded_2d / f"calls_{r}.json").read_text()) for r in range(4)]
+    # ranks (replica, dp): the two replicas of a dp rank orthogonalise the same matrices
+    assert calls[0] == calls[2] and calls[1] == calls[3] and calls[0] != calls[1]
+
+
+def test_muon_refuses_matrices_split_by_columns():
+    """What it cannot orthogonalise from gathered rows is refused, naming the placements."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        u = distribute_tensor(torch.randn(4, 6), mesh, [Shard(1)])
+        with pytest.raises(ValueError, match=r"muon: matrices sharded as \(Shard\(dim=1\),\)"):
+            muon_module.orthogonalise([u], 5, torch.float32)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.slow

@@ -17,13 +17,14 @@ import torch
 
 from conftest import REPO, TOKENIZER_DIR
 from lmpipe.chat.loader import ConversationLoader
-from lmpipe.data.loader import ShardLoader
+from lmpipe.data.loader import DataShare, ShardLoader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.data.shards import ShardError, write_shard
 from lmpipe.data.tokenizer import gpt2_encoding
 
 # micro-batches of 4 x 32, 2 ranks, 2 micro-steps a step: a step reads 256 (+1) tokens
-SHAPE = {"micro_batch": 4, "seq_len": 32, "batch_tokens": 512, "rank": 1, "world_size": 2}
+SHAPE = {"micro_batch": 4, "seq_len": 32, "batch_tokens": 512}
+SHARE = DataShare(1, 2)  # rank 1 of 2
 SHARD0_STEPS = (6000 - 1) // 512  # 11 steps in the first shard, then the second
 
 
@@ -44,7 +45,7 @@ def shards(tmp_path_factory, fineweb_texts) -> list[Path]:
 
 
 def loader(files: list[Path]) -> ShardLoader:
-    return ShardLoader(files, **SHAPE)
+    return ShardLoader(files, **SHAPE, dp=SHARE)
 
 
 def take(ld, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -80,7 +81,9 @@ def test_conversation_loader_batches_and_state_too():
     targets = np.where(rng.random((40, 16)) < 0.5, -1, inputs)
 
     def conv() -> ConversationLoader:
-        return ConversationLoader(inputs, targets, 2, 128, 1, 2, seed=3)  # 8 rows a step, 2 micro
+        return ConversationLoader(
+            inputs, targets, 2, 128, DataShare(1, 2), seed=3
+        )  # 8 rows a step, 2 micro
 
     bare = conv()
     ref = take(bare, 12)  # 5 steps an epoch: over two epoch boundaries
@@ -210,9 +213,11 @@ def test_an_open_prefetcher_does_not_keep_the_process_alive(shards):
     code = f"""
 import sys
 sys.path.insert(0, {str(REPO / "workflow")!r})
-from lmpipe.data.loader import ShardLoader
+from lmpipe.data.loader import DataShare, ShardLoader
 from lmpipe.data.prefetch import Prefetcher
-keep = Prefetcher(ShardLoader({[str(f) for f in shards]!r}, **{json.dumps(SHAPE)}), depth=2)
+keep = Prefetcher(
+    ShardLoader({[str(f) for f in shards]!r}, **{json.dumps(SHAPE)}, dp=DataShare(1, 2)), depth=2
+)
 keep.next_batch()
 print("done", flush=True)
 """  # exits with the thread running and its Prefetcher never closed

@@ -17,9 +17,10 @@ import pytest
 
 from lmpipe.chat.data import read_records
 from lmpipe.chat.loader import load_split
+from lmpipe.chat.loader import read_manifest as read_conversations_manifest
 from lmpipe.config import ConversationsConfig
-from lmpipe.data.loader import ShardLoader, shard_files, val_batches
-from lmpipe.data.shards import ShardError, write_shard
+from lmpipe.data.loader import DataShare, ShardLoader, shard_files, val_batches
+from lmpipe.data.shards import ShardError, read_manifest, write_shard
 from lmpipe.eval.hellaswag import HellaSwagError, load_items
 from lmpipe.models.gpt2.llmc import read_llmc, write_llmc
 from lmpipe.models.gpt2.model import GPT, GPTConfig
@@ -65,7 +66,7 @@ BROKEN_SHARDS = {
 def test_a_broken_shard_is_named_when_the_loader_reaches_it(tokens, break_it, says):
     """The second train shard broken: the loader's move to it names that file."""
     files = shard_files(tokens, "train")
-    loader = ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=64, rank=0, world_size=1)
+    loader = ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=64, dp=DataShare(0, 1))
     break_it(files[1])
     with raises(ShardError, str(files[1]), says):
         for _ in range(8):  # 300 tokens: 4 steps of 64 (+1), then the next shard
@@ -78,14 +79,14 @@ def test_a_broken_val_shard_is_named(tokens, break_it, says):
     (val,) = shard_files(tokens, "val")
     break_it(val)
     with raises(ShardError, str(val), says):
-        val_batches(val, micro_batch=2, seq_len=16, val_tokens=64, rank=0, world_size=1)
+        val_batches(val, micro_batch=2, seq_len=16, val_tokens=64, dp=DataShare(0, 1))
 
 
 def test_a_shard_shorter_than_a_step_is_named(tokens):
     """A train shard that cannot fill one step: the file and train.batch_tokens are named."""
     files = shard_files(tokens, "train")
     with raises(ValueError, str(files[0]), "300 tokens, fewer than one step", "batch_tokens 512"):
-        ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=512, rank=0, world_size=8)
+        ShardLoader(files, micro_batch=2, seq_len=16, batch_tokens=512, dp=DataShare(0, 8))
 
 
 MANIFESTS = {
@@ -108,8 +109,32 @@ def test_a_malformed_tokens_manifest_is_named(tmp_path, text, says):
 
 def test_a_missing_tokens_manifest_is_named(tmp_path):
     """No manifest.json: the path is in the error."""
-    with raises(FileNotFoundError, str(tmp_path / "manifest.json")):
+    with raises(FileNotFoundError, str(tmp_path / "manifest.json"), "tokens manifest not found"):
         shard_files(tmp_path / "manifest.json", "train")
+
+
+def test_the_one_tokens_manifest_reader(tokens):
+    """What the loaders, the val loss and the settings hash read: the shards in order, with
+    their split, tokens and sha256 (a shard without one is named by its file)."""
+    m = json.loads(tokens.read_text())
+    m["shards"][0]["sha256"] = "ab" * 32
+    tokens.write_text(json.dumps(m))
+    manifest = read_manifest(tokens)
+    assert [(s.file.name, s.split, s.tokens) for s in manifest.shards] == [
+        ("t_val_000000.bin", "val", 300),
+        ("t_train_000001.bin", "train", 300),
+        ("t_train_000002.bin", "train", 300),
+    ]
+    assert manifest.files("val") == [tokens.parent / "t_val_000000.bin"]
+    assert manifest.identity() == ["ab" * 32, "t_train_000001.bin", "t_train_000002.bin"]
+
+
+@pytest.mark.parametrize("text, says", MANIFESTS.values(), ids=MANIFESTS.keys())
+def test_the_tokens_manifest_reader_names_a_malformed_file(tmp_path, text, says):
+    path = tmp_path / "manifest.json"
+    path.write_text(text)
+    with raises(ValueError, str(path), *says):
+        read_manifest(path).files("train")
 
 
 # ---- fine-tuning: the conversations file --------------------------------------------------------
@@ -222,6 +247,41 @@ def test_broken_prepared_rows_are_named(sft, break_it, file, says):
     break_it(sft.parent)
     with raises(ValueError, f"{sft.parent / file}: ", says):
         load_split(sft, "train")
+
+
+def test_the_one_conversations_manifest_reader(sft):
+    """What fine-tuning and the held-out loss read: the arrays, the row length, the counts."""
+    edit_manifest(sft, lambda m: m.update(kept={"train": 4, "val": 0}))
+    m = read_conversations_manifest(sft)
+    assert m.seq_len == 8 and m.rows("train") == 4
+    assert [(a.file, a.array) for a in m.arrays] == [
+        (sft.parent / "train_inputs.npy", "inputs"),
+        (sft.parent / "train_targets.npy", "targets"),
+    ]
+    assert m.identity() == ["train_inputs.npy", "train_targets.npy"]
+
+
+BROKEN_CONVERSATIONS_MANIFEST = {
+    "no_seq_len": (lambda m: m.pop("seq_len"), "KeyError: 'seq_len'"),
+    "no_array": (lambda m: m["shards"][0].pop("array"), "KeyError: 'array'"),
+    "shards_not_a_list": (lambda m: m.update(shards=3), "TypeError"),
+}
+
+
+@pytest.mark.parametrize(
+    "change, says", BROKEN_CONVERSATIONS_MANIFEST.values(), ids=BROKEN_CONVERSATIONS_MANIFEST.keys()
+)
+def test_the_conversations_manifest_reader_names_a_malformed_file(sft, change, says):
+    edit_manifest(sft, change)
+    with raises(ValueError, f"{sft}: not a conversations manifest", says):
+        read_conversations_manifest(sft)
+
+
+def test_a_missing_conversations_manifest_and_count_are_named(sft, tmp_path):
+    with raises(FileNotFoundError, str(tmp_path / "nope.json"), "conversations manifest"):
+        read_conversations_manifest(tmp_path / "nope.json")
+    with raises(ValueError, str(sft), "no `kept` count of split 'train'"):
+        read_conversations_manifest(sft).rows("train")
 
 
 def test_a_missing_array_is_named(sft):

@@ -24,6 +24,7 @@ from lmpipe.chat.data import IGNORE, prepare, split_of, to_row, write
 from lmpipe.chat.loader import ConversationLoader, load_split
 from lmpipe.chat.template import MalformedConversation, check_conversation, render
 from lmpipe.config import ConversationsConfig
+from lmpipe.data.loader import DataShare
 from lmpipe.data.tokenizer import EOT, EOT_ID, gpt2_encoding
 from lmpipe.models.gpt2.model import GPT, GPTConfig
 
@@ -171,19 +172,21 @@ def test_held_out_split_is_a_fixed_hash_of_the_id(tmp_path):
 
 def test_conversation_loader_splits_steps_over_ranks_and_resumes_exactly():
     rows = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)  # row i holds 8i..8i+7
-    one = ConversationLoader(rows, rows, 2, 8 * 8, rank=0, world_size=1, seed=3)  # 4 micro-steps
-    two = [ConversationLoader(rows, rows, 2, 8 * 8, r, 2, seed=3) for r in range(2)]  # 2 each
+    one = ConversationLoader(rows, rows, 2, 8 * 8, DataShare(0, 1), seed=3)  # 4 micro-steps
+    two = [
+        ConversationLoader(rows, rows, 2, 8 * 8, DataShare(r, 2), seed=3) for r in range(2)
+    ]  # 2 each
     for _ in range(12):  # 12 steps: 2.4 epochs of 5 steps
         a = torch.cat([one.next_batch()[0] for _ in range(4)])
         b = torch.cat([torch.cat([two[r].next_batch()[0] for r in range(2)]) for _ in range(2)])
         assert torch.equal(a, b)  # the same rows a step, whatever the split
     assert one.state_dict() == {"epoch": 2, "step": 2}
-    resumed = ConversationLoader(rows, rows, 2, 8 * 8, 0, 1, seed=3)
+    resumed = ConversationLoader(rows, rows, 2, 8 * 8, DataShare(0, 1), seed=3)
     resumed.load_state_dict(one.state_dict())
     for _ in range(8):
         assert torch.equal(resumed.next_batch()[0], one.next_batch()[0])
     # each epoch is a different permutation of all rows, none repeated within an epoch
-    fresh = ConversationLoader(rows, rows, 2, 8 * 8, 0, 1, seed=3)
+    fresh = ConversationLoader(rows, rows, 2, 8 * 8, DataShare(0, 1), seed=3)
     epochs = [torch.cat([fresh.next_batch()[0][:, 0] // 8 for _ in range(20)]) for _ in range(2)]
     assert len(set(epochs[0].tolist())) == 40 and not torch.equal(epochs[0], epochs[1])
 

@@ -345,7 +345,7 @@ def test_a_choice_longer_than_the_model_fails_its_task_only(manifest, tmp_path):
     result = evaluate(settings, model_dir, {"suite": manifest}, "cpu")
     assert list(result["tasks"]) == ["copa"] and result["complete"] is False
     assert re.fullmatch(
-        r"suite task piqa: item \d: a choice of \d+ tokens is longer than the model's"
+        r"task piqa: item \d: a choice of \d+ tokens is longer than the model's"
         r" block_size 16",
         result["failed"]["piqa"],
     )

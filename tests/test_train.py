@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 
 from conftest import TOKENIZER_DIR, kill_at_checkpoint, wandb_history
 from lmpipe.config import ScheduleConfig, train_config
-from lmpipe.data.loader import ShardLoader
+from lmpipe.data.loader import DataShare, ShardLoader
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.models.gpt2.model import GPT, GPTConfig
@@ -175,17 +175,17 @@ def test_loader_ranks_split_each_step_and_resume_exactly(manifest):
             )
         return out
 
-    one = steps([ShardLoader(files, 4, 32, 256, 0, 1)], 60)  # crosses a shard boundary
-    two = steps([ShardLoader(files, 4, 32, 256, r, 2) for r in range(2)], 60)
+    one = steps([ShardLoader(files, 4, 32, 256, DataShare(0, 1))], 60)  # crosses a shard boundary
+    two = steps([ShardLoader(files, 4, 32, 256, DataShare(r, 2)) for r in range(2)], 60)
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
     assert not torch.equal(one[0], one[1])
 
-    loader = ShardLoader(files, 4, 32, 256, 1, 2)
+    loader = ShardLoader(files, 4, 32, 256, DataShare(1, 2))
     steps([loader], 50)
     state = loader.state_dict()
     assert state["shard"] == 1  # past the first shard: the position names the shard
     after = steps([loader], 5)
-    restored = ShardLoader(files, 4, 32, 256, 1, 2)
+    restored = ShardLoader(files, 4, 32, 256, DataShare(1, 2))
     restored.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(after, steps([restored], 5), strict=True))
 

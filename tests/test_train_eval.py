@@ -147,7 +147,8 @@ def test_two_fsdp_ranks_count_what_one_process_scores(tmp_path):
     """9 items on 2 ranks, 2 a forward: 5 and 4 items, so 3 forwards each only with padding (with
     blocks resharded after their forward, a rank that stopped early would leave the other waiting
     in an all-gather: the deadline)."""
-    from lmpipe.eval.hellaswag import load_items, score
+    from lmpipe.eval.hellaswag import load_items, task_data
+    from lmpipe.eval.suite.native import score_task
     from lmpipe.models import build_model
 
     n, port = 9, 29000 + os.getpid() % 1000
@@ -155,9 +156,10 @@ def test_two_fsdp_ranks_count_what_one_process_scores(tmp_path):
     torch.manual_seed(0)
     model = build_model(tiny()).eval()
     enc = gpt2_encoding(TOKENIZER_DIR)
-    one = score(model, load_items(HELLASWAG, n), enc, "llmc", 4, show_progress=False)
+    task = task_data(load_items(HELLASWAG, n), enc, "llmc")
+    one = score_task(model, task, enc, 4 * ENDINGS, show_progress=False)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    expected = [round(one.acc_norm * n), round(one.acc * n)]
+    expected = [sum(one.acc_norm), sum(one.acc)]
     for r in ranks:
         for reshard in ("False", "True"):
             # summed over the ranks, each item once; the same after another training step
@@ -185,7 +187,8 @@ def test_in_training_hellaswag_on_two_ranks(manifest, tmp_path):
     """Records at steps 0, 4 and 8 (eval_every 4, the last); the last one's counts equal those of
     lmpipe.eval.hellaswag on the final weights in one process; the losses equal a run killed at
     its step-4 checkpoint without evals and resumed with other evals (eval_every 0 -> 3)."""
-    from lmpipe.eval.hellaswag import load_items, score
+    from lmpipe.eval.hellaswag import load_items, task_data
+    from lmpipe.eval.suite.native import score_task
     from lmpipe.models.gpt2.model import GPT, GPTConfig
 
     items = 21  # 11 and 10 a rank
@@ -201,9 +204,10 @@ def test_in_training_hellaswag_on_two_ranks(manifest, tmp_path):
     model = GPT(GPTConfig(**MODEL))
     model.load_state_dict(load_final(evaluated), strict=False)  # lm_head: tied to wte
     enc = gpt2_encoding(TOKENIZER_DIR)
-    one = score(model.eval(), load_items(HELLASWAG, items), enc, "llmc", 4, show_progress=False)
-    assert rows[-1]["hellaswag"] == pytest.approx(one.acc_norm, abs=1e-12)
-    assert rows[-1]["hellaswag_acc"] == pytest.approx(one.acc, abs=1e-12)
+    task = task_data(load_items(HELLASWAG, items), enc, "llmc")
+    one = score_task(model.eval(), task, enc, 4 * ENDINGS, show_progress=False)
+    assert rows[-1]["hellaswag"] == pytest.approx(sum(one.acc_norm) / items, abs=1e-12)
+    assert rows[-1]["hellaswag_acc"] == pytest.approx(sum(one.acc) / items, abs=1e-12)
 
     # no evals up to a SIGKILL at the step-4 checkpoint; resumed with eval_every 3
     resumed = tmp_path / "resumed"

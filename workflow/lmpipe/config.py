@@ -6,7 +6,8 @@ config is checked first (lmpipe.schema: schema defaults filled in, one-line erro
 - the `*_params()` functions return the slice of the config a stage depends on, as canonical
   JSON. Rules pass them as `params:`, so Snakemake reruns a stage exactly when its slice changes;
 - the dataclasses below are what a stage builds from that JSON (`TrainJob.from_json`, ...),
-  once; the schema's defaults equal theirs (tests/test_config.py checks it).
+  once. Their fields are the settings themselves (lmpipe.settings: type, default, description,
+  constraints): the schema file is generated from them (`python -m lmpipe.schema --write`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 from lmpipe.paths import DEFAULT_CONFIG, Layout
 from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
+from lmpipe.settings import optional, required, setting
 
 T = TypeVar("T")
 
@@ -48,46 +50,52 @@ def did_you_mean(key: str, valid: typing.Iterable[str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# typed sections (field defaults equal the schema's, which Snakemake's validate() fills in)
+# typed sections: each field is a setting (type, default, description, constraints), from which
+# the schema file is generated (lmpipe.config_schema); Snakemake's validate() fills in the defaults
 
 
 @dataclass(frozen=True)
-class SourceConfig:
+class Source:
+    """Where a dataset's raw data comes from: text (the download stage) or conversations."""
+
+    source: str = required("where the raw data comes from", enum=["local", "huggingface"])
+    path: str | None = optional("local file: parquet or jsonl text, ShareGPT JSON (source: local)")
+    repo: str | None = optional("Hugging Face dataset repo (source: huggingface)")
+    name: str | None = optional("dataset config/subset, e.g. sample-10BT")
+    revision: str = setting("main", "the Hugging Face repo's revision")
+
+
+@dataclass(frozen=True)
+class SourceConfig(Source):
     """Where a dataset's raw text comes from (the download stage)."""
 
-    source: str
-    path: str | None = None
-    repo: str | None = None
-    name: str | None = None
-    revision: str = "main"
-    max_files: int | None = None
+    max_files: int | None = optional("download only the first N parquet files", minimum=1)
 
 
 @dataclass(frozen=True)
 class TokenizeConfig:
     """How a dataset is cut into llm.c shards (the tokenize stage)."""
 
-    dataset: str
-    shard_tokens: int
-    val_tokens: int
-    text_column: str = "text"
+    dataset: str  # the entry's name (not a key of it): the params add it
+    shard_tokens: int = required("tokens a shard", minimum=1)
+    val_tokens: int = required("tokens of the validation shard", minimum=1)
+    text_column: str = setting("text", "the raw files' column of text")
 
 
-@dataclass(frozen=True)
-class ConversationsConfig:
+@dataclass(frozen=True, kw_only=True)
+class ConversationsConfig(Source):
     """A `kind: conversations` dataset: ShareGPT JSON -> masked token rows (lmpipe.chat.data)."""
 
-    dataset: str
-    source: str
-    seq_len: int
-    path: str | None = None
-    repo: str | None = None
-    name: str | None = None
-    split: str = "train"
-    revision: str = "main"
-    template: str = "vicuna_v1.1"
-    val_percent: float = 10.0
-    on_malformed: str = "error"
+    dataset: str  # the entry's name (not a key of it): the params add it
+    seq_len: int = required("tokens a row (one conversation)", minimum=1)
+    split: str = setting("train", "Hugging Face split")
+    template: str = setting("vicuna_v1.1", "conversation template", enum=["vicuna_v1.1"])
+    val_percent: float = setting(10.0, "held out by id hash", minimum=0, maximum=100)
+    on_malformed: str = setting(
+        "error",
+        "a malformed conversation: stop naming it, or skip and count",
+        enum=["error", "skip"],
+    )
 
 
 @dataclass(frozen=True)
@@ -96,13 +104,13 @@ class ModelConfig:
     with settings of its own has a config of its own: this shape and its settings' fields, flat
     (`model_class`), so a `models:` entry, the train params and meta.json stay one flat dict."""
 
-    n_layer: int
-    n_head: int
-    n_embd: int
-    block_size: int = 1024
-    vocab_size: int = 50257
-    padded_vocab_size: int = 50304
-    arch: str = "gpt2"
+    n_layer: int = required("transformer blocks", minimum=1)
+    n_head: int = required("attention heads", minimum=1)
+    n_embd: int = required("width: the embedding's size", minimum=1)
+    block_size: int = setting(1024, "the longest sequence (context length)", minimum=1)
+    vocab_size: int = setting(50257, "the tokenizer's vocabulary", minimum=1)
+    padded_vocab_size: int = setting(50304, "the embedding's rows (vocab_size padded)", minimum=1)
+    arch: str = setting("gpt2", "the architecture (lmpipe.registry.ARCHITECTURES)")
 
 
 @functools.cache
@@ -121,8 +129,10 @@ def model_class(arch: str) -> type:
 
 
 def model_config(data: dict[str, Any], where: str) -> ModelConfig:
-    """A `models:` entry (or a job's `model`) as the config of its arch; a key of no setting of
-    that arch is a ConfigError naming `where` and the key (and the arch that has it)."""
+    """A `models:` entry (or a job's `model`) as the config of its arch; an unknown arch, or a
+    key of no setting of that arch, is a ConfigError naming `where` and the key (and the arch
+    that has it). The config check (lmpipe.schema) calls it on every entry: the one check of a
+    model's keys, which the schema cannot say (which keys are allowed depends on `arch`)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {data!r}")
     arch = data.get("arch", "gpt2")
@@ -135,11 +145,11 @@ def model_config(data: dict[str, Any], where: str) -> ModelConfig:
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in names:
-            raise ConfigError(f"{where}: {unknown_model_key(key, arch, names)}")
+            raise ConfigError(f"{where}: {_unknown_model_key(key, arch, names)}")
     return build(cls, data, where)
 
 
-def unknown_model_key(key: str, arch: str, names: typing.Iterable[str]) -> str:
+def _unknown_model_key(key: str, arch: str, names: typing.Iterable[str]) -> str:
     """'unknown key ...' of a model entry: a setting of another arch says so."""
     owners = [
         a.name
@@ -160,9 +170,14 @@ class ScheduleConfig:
     or, with `cooldown_steps`, the peak held until the last `cooldown_steps` steps, which decay
     linearly to the floor (warmup-stable-decay: modded-nanogpt's trapezoid)."""
 
-    warmup_steps: int = 0
-    lr_floor: float = 0.0
-    cooldown_steps: int = 0  # 0: cosine after the warmup
+    warmup_steps: int = setting(0, "linear warmup from 0 to the peak lr", minimum=0)
+    lr_floor: float = setting(0.0, "final lr as a fraction of the peak", minimum=0, maximum=1)
+    cooldown_steps: int = setting(
+        0,
+        "the last N steps decay linearly from the peak to the floor, the peak held before them"
+        " (warmup-stable-decay, modded-nanogpt's schedule); 0: cosine after the warmup",
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -170,37 +185,90 @@ class FSDPConfig:
     """How FSDP2 shards the model (lmpipe.train.parallel); docs/fsdp.md argues the defaults from
     the memory of the 124M and 350M runs on 8 GPUs."""
 
-    reshard_after_forward: bool = False  # keep a block's gathered params for its backward
-    prefetch_blocks: int = 1  # all-gather this many blocks ahead (forward and backward)
-    reduce_dtype: str = "float32"  # gradients are reduce-scattered in this dtype
+    reshard_after_forward: bool = setting(
+        False,
+        "free a block's gathered params after its forward (and gather them again for its"
+        " backward); false keeps them for the backward",
+    )
+    prefetch_blocks: int = setting(
+        1,
+        "blocks all-gathered ahead of the one computing, forward and backward (0: FSDP2's"
+        " implicit order)",
+        minimum=0,
+    )
+    reduce_dtype: str = setting(
+        "float32",
+        "dtype of the gradient reduce-scatter (GPU bf16 runs)",
+        enum=["float32", "bfloat16"],
+    )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seq_len: int
-    micro_batch: int
-    batch_tokens: int
-    optimizer: Any  # the settings dataclass of optimizer.name (lmpipe.registry.OPTIMIZERS)
-    max_steps: int = 0  # required for pretraining; a fine-tuning run's follows from sft.epochs
-    seed: int = 1337
-    schedule: ScheduleConfig = ScheduleConfig()
-    grad_clip: float = 1.0
-    val_every: int = 250
-    val_tokens: int = 1048576
-    eval_every: int = 0  # HellaSwag during training every N steps and at the last; 0: off
-    eval_items: int = 10_042  # items each time (the whole val set, as llm.c; fewer if the file is)
-    # zero-shot suite tasks (lmpipe.eval.suite.tasks.TASKS) scored at the same steps as HellaSwag,
-    # the suite's native scorer; eval_task_items: the first N items of each (None: all of them)
-    eval_tasks: tuple[str, ...] = ()
-    eval_task_items: int | None = None
-    checkpoint_every: int = 1000
-    keep_checkpoints: int = 2
-    # periodic checkpoints written in a thread (dcp.async_save) while training goes on; the last
-    # save and the save on a signal stay synchronous
-    checkpoint_async: bool = False
-    dtype: str = "float32"
-    compile: bool = False
-    fsdp: FSDPConfig = FSDPConfig()
+    """How a run trains: batch, steps, optimizer and schedule, evaluation during training,
+    checkpoints, precision, sharding."""
+
+    seq_len: int = required("tokens a sequence", minimum=1)
+    micro_batch: int = required("sequences a rank a micro-step", minimum=1)
+    batch_tokens: int = required("tokens an optimizer step, all ranks", minimum=1)
+    # the settings dataclass of optimizer.name (lmpipe.registry.OPTIMIZERS)
+    optimizer: Any = required(
+        "name (lmpipe.registry.OPTIMIZERS) and its settings, e.g. {name: adamw, lr: 6.0e-4} or"
+        " {name: muon, lr: 0.02}"
+    )
+    max_steps: int = optional(
+        "optimizer steps; required for pretraining, a fine-tuning run's follow from sft.epochs",
+        default=0,
+        minimum=1,
+    )
+    seed: int = setting(1337, "the seed of the initial weights and the data order")
+    schedule: ScheduleConfig = setting(
+        ScheduleConfig(),
+        "linear warmup to the optimizer's lr, then cosine decay to lr_floor x lr (or, with"
+        " cooldown_steps, the peak, then a linear decay)",
+    )
+    grad_clip: float = setting(1.0, "the gradients' largest norm; 0 disables clipping", minimum=0)
+    val_every: int = setting(250, "val loss every N steps; 0: only at the end", minimum=0)
+    val_tokens: int = setting(1048576, "tokens of the val shard each time", minimum=1)
+    eval_every: int = setting(
+        0,
+        "HellaSwag during training (llm.c scoring, acc_norm, the run's eval.hellaswag.file) every"
+        " N steps, at step 0 and at the last; 0: off. Never changes the trajectory: a run resumes"
+        " across a change",
+        minimum=0,
+    )
+    eval_items: int = setting(
+        10_042,
+        "HellaSwag items scored each time (the file's first N; all 10,042 of the val set, as"
+        " llm.c): lmpipe.plan prints their cost as a share of training",
+        minimum=1,
+    )
+    eval_tasks: tuple[str, ...] = setting(
+        (),
+        "zero-shot suite tasks (lmpipe.eval.suite.tasks.TASKS: arc_easy, piqa, ...) scored during"
+        " training at the steps of HellaSwag (eval_every), with the suite's native scorer on the"
+        " suite's data (rule download_suite); their cost is in the trainer's log and lmpipe.plan",
+        uniqueItems=True,
+    )
+    eval_task_items: int | None = setting(
+        None,
+        "the first N items of each eval_tasks task (MMLU: of each subject) each time; null: all."
+        " Apart from eval_items, which is HellaSwag's",
+        minimum=1,
+    )
+    checkpoint_every: int = setting(1000, "a checkpoint every N steps (and at the last)", minimum=0)
+    keep_checkpoints: int = setting(2, "the newest N checkpoints kept", minimum=1)
+    checkpoint_async: bool = setting(
+        False,
+        "write periodic checkpoints in a thread (torch.distributed.checkpoint.async_save) so that"
+        " training goes on while they are written; the last save and the save on a signal stay"
+        " synchronous. Never changes the trajectory",
+    )
+    dtype: str = setting("float32", "the compute dtype", enum=["float32", "bfloat16"])
+    compile: bool = setting(False, "torch.compile the model")
+    fsdp: FSDPConfig = setting(
+        FSDPConfig(), "how FSDP2 shards the model; docs/fsdp.md argues the defaults"
+    )
 
     def grad_accum_steps(self, world_size: int) -> int:
         """Micro-steps an optimizer step: batch_tokens / (seq_len * micro_batch * world_size)."""
@@ -217,19 +285,35 @@ class TrainConfig:
 class LaunchConfig:
     """Where and how a run's training job runs (SLURM resources included)."""
 
-    device: str
-    nodes: int = 1
-    procs_per_node: int = 1
-    cpus_per_task: int = 2
-    mem_mb: int = 4000
-    runtime: int = 60
-    signal_seconds: int = 300
-    gpu_model: str | None = None
-    peak_flops: float | None = None  # None: the GPU's found (lmpipe.hardware), nominal on CPUs
+    device: str = required("where it trains", enum=["cpu", "cuda"])
+    nodes: int = setting(1, "nodes (SLURM)", minimum=1)
+    procs_per_node: int = setting(1, "ranks a node (GPUs a node on cuda)", minimum=1)
+    cpus_per_task: int = setting(2, "CPUs a rank (SLURM)", minimum=1)
+    mem_mb: int = setting(4000, "memory a node, MB (SLURM)", minimum=1)
+    runtime: int = setting(60, "a job's time limit, minutes (SLURM)", minimum=1)
+    signal_seconds: int = setting(
+        300,
+        "SIGTERM this long before the time limit (and on preemption): checkpoint, fail, retry",
+        minimum=1,
+    )
+    gpu_model: str | None = optional("e.g. a100, h100 (cluster-specific)")
+    peak_flops: float | None = setting(
+        None,
+        "peak FLOP/s a device, for MFU; null: the GPU found (lmpipe.hardware), 1e12 nominal on"
+        " CPUs",
+        exclusiveMinimum=0,
+    )
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    def gres(self, gpus: int) -> str | None:
+        """SLURM's --gres for `gpus` GPUs a node of the run's kind (`gpu[:model]:N`), the one
+        builder of the train rule's and of the derived resources; None on the CPU."""
+        if self.device != "cuda" or gpus == 0:
+            return None
+        return f"gpu:{self.gpu_model}:{gpus}" if self.gpu_model else f"gpu:{gpus}"
 
 
 @dataclass(frozen=True)
@@ -249,19 +333,21 @@ class Placement:
 
 @dataclass(frozen=True)
 class BaseConfig:
-    """A fine-tuning run's initial weights: a run's final checkpoint, or a Hugging Face folder."""
+    """A fine-tuning run's initial weights: one of `run` (a run's final checkpoint) or `hf` (a
+    Hugging Face folder)."""
 
-    run: str | None = None
-    hf: str | None = None
-    dataset: str | None = None  # text dataset of the FineWeb-style val loss (with `hf`)
+    run: str | None = optional("a pretraining run: its train/final checkpoint")
+    hf: str | None = optional("a Hugging Face GPT-2 folder (config.json, model.safetensors)")
+    dataset: str | None = optional("with `hf`: the text dataset of the val loss")
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """Chat fine-tuning: steps = epochs * (train rows // rows a step); warmup = ratio * steps."""
+    """Chat fine-tuning (with `base:` and a `kind: conversations` dataset): steps = epochs *
+    (train rows // rows a step); warmup = ratio * steps."""
 
-    epochs: int = 3
-    warmup_ratio: float = 0.04
+    epochs: int = setting(3, "passes over the training conversations", minimum=1)
+    warmup_ratio: float = setting(0.04, "warmup steps, a share of the steps", minimum=0, maximum=1)
 
 
 @dataclass(frozen=True)
@@ -269,16 +355,23 @@ class WandbConfig:
     """Weights & Biases beside metrics.jsonl (lmpipe.train.wandb_log). Never in the train params:
     switching it on or off retrains nothing (the train rule passes it as `--wandb`)."""
 
-    project: str
-    group: str | None = None  # a sweep's points: the sweep's name (lmpipe.sweeps)
-    mode: str = "online"  # online, offline (files under train/wandb/ only) or disabled
+    project: str = required("the W&B project", minLength=1)
+    group: str | None = setting(None, "null: a sweep's points get the sweep's name (lmpipe.sweeps)")
+    mode: str = setting(
+        "online",
+        "offline: files under train/wandb/ only (`wandb sync` them later)",
+        enum=["online", "offline", "disabled"],
+    )
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
     """Where else a run's metrics go; metrics.jsonl and TensorBoard are always written."""
 
-    wandb: WandbConfig | None = None  # None: off
+    wandb: WandbConfig | None = optional(
+        "Weights & Biases (the [wandb] extra), rank 0, the records of metrics.jsonl; off when"
+        " absent"
+    )
 
 
 @dataclass(frozen=True)
@@ -432,13 +525,20 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
     )
 
 
+def exports_llmc(config: dict[str, Any], run: str) -> bool:
+    """Whether a run gets model/llmc.bin: its architecture's `exports` hold "llmc"
+    (lmpipe.registry; GPT-2). The one answer of the rules, the plan and the check below."""
+    arch = config["models"][config["runs"][run]["model"]]["arch"]
+    return "llmc" in ARCHITECTURES[arch].exports
+
+
 def check_llmc_export(config: dict[str, Any], run: str) -> None:
-    """A run's model/llmc.bin (the export_llmc rule) only for an architecture whose `exports`
-    hold "llmc" (lmpipe.registry): asked of another, a ConfigError before any job starts."""
+    """A run's model/llmc.bin (the export_llmc rule) only where exports_llmc: asked of another,
+    a ConfigError naming the run, its model and arch, before any job starts."""
     model = config["runs"][run]["model"]
     arch = config["models"][model]["arch"]
     exports = ARCHITECTURES[arch].exports
-    if "llmc" not in exports:
+    if not exports_llmc(config, run):
         raise ConfigError(
             f"runs.{run}.model: model {model!r} is model.arch {arch!r}, which has no llm.c export"
             f" (model/llmc.bin: llm.c's format holds GPT-2 only; {arch} exports:"

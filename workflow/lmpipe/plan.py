@@ -61,8 +61,9 @@ def num_params(model: lmconfig.ModelConfig) -> int:
 
 
 def train_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
-    """llm.c's formula: 6N + 6LCT (forward and backward)."""
-    return 6 * num_params(model) + 6 * model.n_layer * model.n_embd * seq_len
+    """llm.c's formula, 6N + 6LCT (forward and backward): the architecture's one count
+    (lmpipe.registry), which the model's MFU also reads."""
+    return ARCHITECTURES[model.arch].flops_per_token(model, seq_len)
 
 
 def forward_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
@@ -445,8 +446,7 @@ def plan_report(config: dict[str, Any], report: str, gpu: str | None = None) -> 
     for run in runs:
         jobs.append(train_job(config, run, gpu))
         jobs.append(convert_job(config, run))
-        arch = lmconfig.run_config(config, run).model.arch
-        if "llmc" in ARCHITECTURES[arch].exports:
+        if lmconfig.exports_llmc(config, run):
             llmc = convert_job(config, run)
             # a CPU job of one core (the rule asks for no GPU): the weights read, llm.c's written
             llmc.rule, llmc.gpus, llmc.cpus = "export_llmc", 0, 1
@@ -500,10 +500,7 @@ def job_resources(config: dict[str, Any], rule: str, run_or_dataset: str, evalua
         job = eval_job(config, run_or_dataset, evaluation, None)
     else:
         raise ValueError(f"no derived resources for rule {rule!r}")
-    gres = None
-    if job.gpus:
-        model = lmconfig.run_config(config, run_or_dataset).launch.gpu_model
-        gres = f"gpu:{model}:1" if model else "gpu:1"
+    gres = lmconfig.run_config(config, run_or_dataset).launch.gres(job.gpus) if job.gpus else None
     return {"cpus": job.cpus, "mem_mb": job.mem_mb, "runtime": job.limit_min, "gres": gres}
 
 

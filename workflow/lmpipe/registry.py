@@ -18,26 +18,12 @@ Adding a part (docs/architecture.md walks through each):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from lmpipe.eval.suite import tasks as suite_tasks  # a definition module: torch-free, no lmpipe
+from lmpipe.settings import required, setting
 from lmpipe.throughputs import figure
-
-
-def setting(default: Any = None, description: str = "", **schema: Any) -> Any:
-    """A settings field with its default, a description and JSON-schema constraints (minimum,
-    enum, ...), from which lmpipe.config builds the schema that checks the YAML."""
-    meta = {"description": description, **schema}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def required(description: str = "", **schema: Any) -> Any:
-    """A settings field the YAML must give."""
-    return field(metadata={"description": description, **schema})
-
 
 # ----------------------------------------------------------------------------------------------
 # architectures (model.arch)
@@ -65,6 +51,21 @@ class Architecture:
     # `models:` entry of this arch may set (lmpipe.schema checks them; a key of another arch is
     # refused), fields of its models' config (lmpipe.config.model_config); None: none
     settings: type | None = None
+    # the N of llm.c's 6N + 6LCT, the parameters that take part in a matmul, without torch;
+    # None: all of num_params (GPT-2: its tied embedding is the head, its positions count)
+    flops_params: Callable[[Any], int] | None = None
+
+    def flops_per_token(self, m: Any, seq_len: int) -> int:
+        """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward): the
+        one count of the plan, the MFU, the train priorities and the sweep ladder's compute
+        (the models' own flops_per_token call it; tests/test_flops.py checks it)."""
+        n = (self.flops_params or self.num_params)(m)
+        return 6 * n + 6 * m.n_layer * m.n_embd * seq_len
+
+    def head_flops_per_token(self, m: Any) -> int:
+        """The LM head's share of flops_per_token, 6 * V * C (V padded, as the head computes
+        it): what a position saves where the head does not run."""
+        return 6 * m.padded_vocab_size * m.n_embd
 
 
 def gpt2_params(m: Any) -> int:
@@ -111,6 +112,13 @@ def modern_params(m: Any) -> int:
     return V * C + positions + m.n_layer * block + 2 * norm + head
 
 
+def modern_flops_params(m: Any) -> int:
+    """The modern model's N for its FLOPs: its parameters less an untied token embedding (a
+    lookup, no matmul; tied, it is the head, and counts). Learned positions count, as llm.c
+    counts GPT-2's."""
+    return modern_params(m) - (0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd)
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -130,6 +138,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             exports=("hf",),  # a native folder (no Hugging Face class computes these logits)
             settings=ModernSettings,
             hidden_matrices=lambda m: 4 * m.n_layer,  # as GPT-2's: the norms have no weights
+            flops_params=modern_flops_params,
         ),
     )
 }

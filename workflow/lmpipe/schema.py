@@ -1,14 +1,16 @@
-"""Checking a config before any job starts: the schema, the registry's sections, cross-field rules.
+"""Checking a config before any job starts: the schema, the registry's names, cross-field rules.
 
 - `validate(config)` runs Snakemake's own `validate()` against workflow/schemas/config.schema.yaml
-  (filling in defaults), then checks the sections whose keys come from lmpipe.registry (an
-  optimizer's settings, a run's evaluation sections) against schemas built from their
-  dataclasses, then the cross-field rules a schema cannot express. Any error is a ConfigError of
-  one line naming the YAML path, the key and, for a typo, the nearest valid key.
+  (filling in defaults; the file is generated from the settings' dataclasses, lmpipe.config_schema,
+  the registry's optimizer, architecture and evaluation settings included), then what a schema
+  cannot express: an optimizer or an architecture by name, a model's keys (allowed by its
+  arch), the cross-field rules. Any error is a ConfigError of one line naming the YAML path, the
+  key and, for a typo, the nearest valid key.
 - `load_config(path)`: a file read and validated as the Snakefile does it.
 
     python -m lmpipe.schema config/config.yaml   # check a config: one line for a problem
-    python -m lmpipe.schema --print               # the whole schema, generated parts included
+    python -m lmpipe.schema --print               # the schema, every key
+    python -m lmpipe.schema --write               # regenerate the schema file from the dataclasses
 
 The Snakefile and the by-hand tools use this module; the stage jobs do not (their conda envs
 hold neither Snakemake nor jsonschema): they get the checked slices (lmpipe.config).
@@ -17,80 +19,29 @@ hold neither Snakemake nor jsonschema): they get the checked slices (lmpipe.conf
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator, ValidationError, validators
+from jsonschema import ValidationError
 
-from lmpipe import sweeps
+from lmpipe import config_schema, sweeps
 from lmpipe.config import (
     ConfigError,
     did_you_mean,
     is_conversations,
     is_fine_tuning,
-    model_class,
+    model_config,
     optimizer_settings,
     run_config,
-    unknown_model_key,
 )
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.paths import SCHEMA
-from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
+from lmpipe.registry import ARCHITECTURES
 
 SCHEMA_HINT = "  [python -m lmpipe.schema --print shows every key]"
-
-
-def section_schema(cls: type) -> dict[str, Any]:
-    """The JSON schema of a registry settings dataclass: types, defaults and constraints from its
-    fields (lmpipe.registry.setting), unknown keys refused."""
-    types = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
-    props, required_ = {}, []
-    for f in dataclasses.fields(cls):
-        prop = {k: v for k, v in f.metadata.items() if v != ""}
-        hint = str(f.type)
-        nullable = hint.endswith(" | None")
-        hint = hint.removesuffix(" | None")
-        if hint in types:
-            prop["type"] = [types[hint], "null"] if nullable else types[hint]
-        elif hint.startswith("list[") and hint[5:-1] in types:
-            prop |= {"type": "array", "items": {"type": types[hint[5:-1]]} | prop.get("items", {})}
-        elif hint.startswith("tuple["):
-            n = hint.count(",") + 1
-            prop |= {"type": "array", "items": {"type": "number"}, "minItems": n, "maxItems": n}
-        else:
-            raise TypeError(f"{cls.__name__}.{f.name}: no JSON type for {hint}")
-        if f.default is not dataclasses.MISSING:
-            prop["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            prop["default"] = f.default_factory()
-        else:
-            required_.append(f.name)
-        props[f.name] = prop
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": required_,
-        "properties": props,
-        "description": (cls.__doc__ or "").strip(),
-    }
-
-
-def _validator(schema: dict[str, Any]):
-    """jsonschema's validator that fills in defaults, as Snakemake's validate() does."""
-    properties = Draft202012Validator.VALIDATORS["properties"]
-
-    def set_defaults(validator, props, instance, schema_):
-        for name, sub in props.items():
-            if "default" in sub and isinstance(instance, dict):
-                instance.setdefault(name, json.loads(json.dumps(sub["default"])))
-        yield from properties(validator, props, instance, schema_)
-
-    return validators.extend(Draft202012Validator, {"properties": set_defaults})(schema)
 
 
 def explain(error: Any, root: str = "") -> str:
@@ -147,81 +98,20 @@ def _validate(config: dict[str, Any]) -> None:
     check_config(config)
 
 
-def _check_section(data: dict[str, Any], schema: dict[str, Any], where: str) -> None:
-    validator = _validator(schema)
-    for error in validator.iter_errors(data):
-        raise ConfigError(explain(error, where) + SCHEMA_HINT)
-
-
-def validate_model(name: str, m: dict[str, Any]) -> None:
-    """A `models:` entry: a known arch, and keys beyond the shape (the schema file's) only of its
-    settings (lmpipe.registry Architecture.settings), checked against their schema."""
-    where = f"models.{name}"
-    if m["arch"] not in ARCHITECTURES:
-        raise ConfigError(
-            f"{where}.arch: unknown architecture {m['arch']!r}"
-            f"{did_you_mean(m['arch'], ARCHITECTURES)} (known: {', '.join(ARCHITECTURES)})"
-        )
-    settings = ARCHITECTURES[m["arch"]].settings
-    shape = {f.name for f in dataclasses.fields(model_class("gpt2"))}
-    known = [f.name for f in dataclasses.fields(model_class(m["arch"]))]
-    for key in m:
-        if key not in known:
-            raise ConfigError(f"{where}: {unknown_model_key(key, m['arch'], known)}")
-    if settings is not None:
-        own = {k: v for k, v in m.items() if k not in shape}
-        _check_section(own, section_schema(settings), where)
-        m.update(own)  # its defaults filled in, as the schema does for every other key
-
-
 def validate_registry_sections(config: dict[str, Any]) -> None:
-    """Model settings, optimizer settings and evaluation sections, against their registry
-    dataclasses."""
+    """What the schema cannot say of the registry's parts: a model's arch and its keys (which
+    ones are allowed depends on the arch: lmpipe.config.model_config, the one check of them), an
+    optimizer by name (the error lists the known ones), the suite's tasks by name."""
     for name, m in config["models"].items():
-        validate_model(name, m)
+        model_config(m, f"models.{name}")
     for name, r in config["runs"].items():
-        opt = r["train"]["optimizer"]
-        where = f"runs.{name}.train.optimizer"
-        _check_section(opt, section_schema(optimizer_settings(opt, where)), where)
+        optimizer_settings(r["train"]["optimizer"], f"runs.{name}.train.optimizer")
         for task in r["train"].get("eval_tasks", []):
             if task not in SUITE_TASKS:
                 raise ConfigError(
                     f"runs.{name}.train.eval_tasks: unknown suite task {task!r}"
                     f"{did_you_mean(task, SUITE_TASKS)} (known: {', '.join(SUITE_TASKS)})"
                 )
-        evals = r.setdefault("eval", {})
-        for section in evals:
-            if section not in EVAL_SECTIONS:
-                raise ConfigError(
-                    f"runs.{name}.eval: unknown key {section!r}"
-                    f"{did_you_mean(section, EVAL_SECTIONS)}"
-                    f" (sections: {', '.join(EVAL_SECTIONS)})"
-                )
-        for section, cls in EVAL_SECTIONS.items():
-            _check_section(
-                evals.setdefault(section, {}), section_schema(cls), f"runs.{name}.eval.{section}"
-            )
-
-
-def full_schema() -> dict[str, Any]:
-    """The schema file plus the parts built from lmpipe.registry (for reading, not validating)."""
-    schema = yaml.safe_load(SCHEMA.read_text())
-    defs = schema["definitions"]
-    defs["optimizer"] = {"oneOf": [section_schema(o.settings) for o in OPTIMIZERS.values()]}
-    defs["train"]["properties"]["eval_tasks"]["items"]["enum"] = list(SUITE_TASKS)
-    model = defs["model"]
-    model["additionalProperties"] = False  # the architectures' settings, each marked with its arch
-    for arch in ARCHITECTURES.values():
-        if arch.settings is not None:
-            for key, prop in section_schema(arch.settings)["properties"].items():
-                prop["description"] = f"(model.arch {arch.name}) {prop.get('description', '')}"
-                model["properties"][key] = prop
-    defs["eval"] = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {s: section_schema(c) for s, c in EVAL_SECTIONS.items()},
-    }
-    return schema
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -364,12 +254,19 @@ def check_config(config: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Check a config file, or print the schema.")
+    p = argparse.ArgumentParser(description="Check a config file, or print or write the schema.")
     p.add_argument("config", nargs="?", default="config/config.yaml")
-    p.add_argument("--print", action="store_true", help="print the full schema (YAML)")
+    p.add_argument("--print", action="store_true", help="print the schema (YAML)")
+    p.add_argument(
+        "--write", action="store_true", help=f"regenerate {SCHEMA.name} from the dataclasses"
+    )
     args = p.parse_args(argv)
     if args.print:
-        print(yaml.safe_dump(full_schema(), sort_keys=False))
+        print(config_schema.render(), end="")
+        return 0
+    if args.write:
+        config_schema.write()
+        print(f"wrote {SCHEMA}")
         return 0
     try:
         load_config(args.config)

@@ -22,8 +22,8 @@ import re
 from typing import Any
 
 from lmpipe import config as lmconfig
-from lmpipe import plan as lmplan
 from lmpipe.config import ConfigError, did_you_mean
+from lmpipe.registry import ARCHITECTURES
 
 REPORT_PREFIX = "sweep-"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a sweep's name: a folder under runs/
@@ -145,7 +145,7 @@ def ladder_steps(config: dict[str, Any], run: dict[str, Any], tokens_per_param: 
     """A size ladder's steps: ceil(tokens_per_param * N / batch_tokens), N the point's model's
     parameters (lmpipe.registry, without torch)."""
     model = lmconfig.model_config(config["models"][run["model"]], "model")
-    tokens = tokens_per_param * lmplan.num_params(model)
+    tokens = tokens_per_param * ARCHITECTURES[model.arch].num_params(model)
     return max(1, math.ceil(tokens / run["train"]["batch_tokens"]))
 
 
@@ -209,10 +209,17 @@ def _get(d: dict[str, Any], key: str) -> Any:
 
 
 def compute(config: dict[str, Any], run: str) -> float:
-    """A run's training FLOPs: llm.c's 6N + 6LCT a token (lmpipe.plan) times its tokens."""
+    """A run's training FLOPs: llm.c's 6N + 6LCT a token (the architecture's count,
+    lmpipe.registry) times its tokens."""
     rc = lmconfig.run_config(config, run)
-    t = rc.train
-    return lmplan.train_flops_per_token(rc.model, t.seq_len) * t.max_steps * t.batch_tokens
+    t, arch = rc.train, ARCHITECTURES[rc.model.arch]
+    return arch.flops_per_token(rc.model, t.seq_len) * t.max_steps * t.batch_tokens
+
+
+def params(config: dict[str, Any], run: str) -> int:
+    """A run's model's parameters (lmpipe.registry, without torch)."""
+    model = lmconfig.run_config(config, run).model
+    return ARCHITECTURES[model.arch].num_params(model)
 
 
 def sweep_params(config: dict[str, Any], name: str) -> dict[str, Any]:
@@ -232,7 +239,7 @@ def sweep_params(config: dict[str, Any], name: str) -> dict[str, Any]:
     if sweep.get("tokens_per_param") is not None:
         out["ladder"] = {
             "tokens_per_param": sweep["tokens_per_param"],
-            "params": {r: lmplan.num_params(lmconfig.run_config(config, r).model) for r in runs},
+            "params": {r: params(config, r) for r in runs},
             "compute": {r: compute(config, r) for r in runs},
             "presets": [
                 {"run": p, "compute": compute(config, p), "reference": ref}

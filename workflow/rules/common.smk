@@ -75,11 +75,6 @@ def get_eval_outputs(run):
     return [LAYOUT.eval_file(run, e) for e in lmconfig.evaluations_of(config, run)]
 
 
-def exports_llmc(run):
-    arch = config["models"][config["runs"][run]["model"]]["arch"]
-    return "llmc" in ARCHITECTURES[arch].exports
-
-
 def get_llmc_final(wildcards):
     """The final checkpoint of a run whose architecture llm.c's format holds (GPT-2: a report's
     runs of it get model/llmc.bin too). Asked of another (a target model/llmc.bin of a modern
@@ -91,7 +86,7 @@ def get_llmc_final(wildcards):
 def get_report_inputs(wildcards):
     runs = config["reports"][wildcards.report]["runs"]
     finals = [LAYOUT.final_checkpoint(r) for r in runs]
-    finals += [LAYOUT.llmc_file(r) for r in runs if exports_llmc(r)]
+    finals += [LAYOUT.llmc_file(r) for r in runs if lmconfig.exports_llmc(config, r)]
     evals = [f for r in runs for f in get_eval_outputs(r)]
     manifests = sorted(
         {LAYOUT.tokens_manifest(lmconfig.text_dataset(config, r)) for r in runs}
@@ -166,17 +161,14 @@ def get_train_priority(wildcards):
     steps = rc.train.max_steps or lmplan.fine_tuning_steps(
         config, rc
     )  # fine-tuning: its epochs
-    flops = lmplan.train_flops_per_token(rc.model, rc.train.seq_len)
+    flops = ARCHITECTURES[rc.model.arch].flops_per_token(rc.model, rc.train.seq_len)
     return round(10 * math.log10(1 + flops * steps * rc.train.batch_tokens))
 
 
 def get_train_gres(wildcards):
     """GPUs a node (--gres=gpu[:model]:N) for a CUDA run; None (no GPUs) for a CPU run."""
     launch = get_run(wildcards).launch
-    if launch.device != "cuda":
-        return None
-    model = f"{launch.gpu_model}:" if launch.gpu_model else ""
-    return f"gpu:{model}{launch.procs_per_node}"
+    return launch.gres(launch.procs_per_node)
 
 
 def get_train_tasks(wildcards):

@@ -28,7 +28,13 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from lmpipe.chat.loader import ConversationLoader, conversation_val_batches, load_split
+from lmpipe.chat.loader import (
+    ConversationLoader,
+    ConversationsManifest,
+    conversation_val_batches,
+    load_split,
+    read_manifest,
+)
 from lmpipe.config import SFTConfig, TrainConfig, TrainJob
 from lmpipe.files import sha256_file
 from lmpipe.models import load_final_checkpoint, load_hf
@@ -36,18 +42,14 @@ from lmpipe.train.loop import Task, worker_main
 from lmpipe.train.parallel import Dist
 
 
-def train_rows(manifest: str | Path) -> int:
-    return json.loads(Path(manifest).read_text())["kept"]["train"]
-
-
-def schedule(tc: TrainConfig, sft: SFTConfig, manifest: str | Path) -> TrainConfig:
+def schedule(tc: TrainConfig, sft: SFTConfig, manifest: ConversationsManifest) -> TrainConfig:
     """`tc` with max_steps and warmup_steps from the epochs and the number of conversations."""
     rows_per_step = tc.batch_tokens // tc.seq_len
-    steps_per_epoch = train_rows(manifest) // rows_per_step
+    steps_per_epoch = manifest.rows("train") // rows_per_step
     if steps_per_epoch == 0:
         raise ValueError(
-            f"{manifest}: {train_rows(manifest)} training conversations, fewer than one step of"
-            f" {rows_per_step} (train.batch_tokens / train.seq_len)"
+            f"{manifest.path}: {manifest.rows('train')} training conversations, fewer than one"
+            f" step of {rows_per_step} (train.batch_tokens / train.seq_len)"
         )
     max_steps = sft.epochs * steps_per_epoch
     warmup = math.ceil(sft.warmup_ratio * max_steps)
@@ -87,21 +89,20 @@ def load_base(model: torch.nn.Module, path: str | Path) -> str:
 def fine_tuning(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Task:
     if job.sft is None or init is None:
         raise ValueError(f"{job.run}: fine-tuning needs `sft:` settings and --init (the base)")
-    tc = schedule(job.train, job.sft, manifest)
+    data = read_manifest(manifest)
+    tc = schedule(job.train, job.sft, data)
     x, y = load_split(manifest, "train")
     if x.shape[1] != tc.seq_len:
         raise ValueError(f"{manifest}: rows of {x.shape[1]} tokens, train.seq_len {tc.seq_len}")
-    loader = ConversationLoader(
-        x, y, tc.micro_batch, tc.batch_tokens, d.rank, d.world_size, tc.seed
-    )
+    # each rank reads its share of the data-parallel group's rows
+    loader = ConversationLoader(x, y, tc.micro_batch, tc.batch_tokens, d.group, tc.seed)
     vx, vy = load_split(manifest, "val")
-    val = conversation_val_batches(vx, vy, tc.micro_batch, tc.val_tokens, d.rank, d.world_size)
-    shards = json.loads(manifest.read_text())["shards"]
+    val = conversation_val_batches(vx, vy, tc.micro_batch, tc.val_tokens, d.group)
     return Task(
         train=tc,
         loader=loader,
         val_batches=val,
-        data_identity=[s["sha256"] for s in shards],
+        data_identity=data.identity(),
         init=lambda model: load_base(model, init),
         sparse_targets=True,  # conversations: ~3/4 of the targets are prompts and padding
         meta={"init": str(init)},

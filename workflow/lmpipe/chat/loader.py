@@ -1,37 +1,91 @@
 """Reading conversation rows (what lmpipe.chat.data writes), and loaders over them with
-ShardLoader's interface: the trainer reads them as it reads token shards."""
+ShardLoader's interface: the trainer reads them as it reads token shards.
+
+`read_manifest` is the one reader of the conversations manifest (the fine-tuning worker, the
+held-out loss, `load_split` below)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from lmpipe.data.loader import DataShare, share_of
+
+
+@dataclass(frozen=True)
+class ManifestArray:
+    """An array file as the conversations manifest lists it; `file` is its path."""
+
+    file: Path
+    split: str  # "train" or "val"
+    array: str  # "inputs" or "targets"
+    sha256: str | None
+
+
+@dataclass(frozen=True)
+class ConversationsManifest:
+    path: Path
+    seq_len: int
+    arrays: list[ManifestArray]
+    kept: dict[str, int]  # conversations a split holds
+
+    def rows(self, split: str) -> int:
+        """Conversations `split` holds, as the preparation counted them."""
+        if split not in self.kept:
+            raise ValueError(f"{self.path}: no `kept` count of split {split!r}")
+        return self.kept[split]
+
+    def identity(self) -> list[str]:
+        """The arrays' sha256 (a file's name where none is listed): the data's identity."""
+        return [a.sha256 if a.sha256 is not None else a.file.name for a in self.arrays]
+
+
+def read_manifest(path: str | Path) -> ConversationsManifest:
+    """A conversations manifest.json (`kind: conversations`, `seq_len`, `shards` each with
+    `file`, `split` and `array`); a missing file, bad JSON or a missing key names the file."""
+    path = Path(path)
+    try:
+        m = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: conversations manifest not found") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("kind") != "conversations":
+        kind = m.get("kind") if isinstance(m, dict) else None
+        raise ValueError(f"{path}: not a conversations manifest (kind {kind!r})")
+    try:
+        arrays = [
+            ManifestArray(path.parent / s["file"], s["split"], s["array"], s.get("sha256"))
+            for s in m["shards"]
+        ]
+        return ConversationsManifest(path, int(m["seq_len"]), arrays, dict(m.get("kept", {})))
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"{path}: not a conversations manifest (`seq_len`, `shards` each with `file`,"
+            f" `split` and `array`; {type(e).__name__}: {e})"
+        ) from None
 
 
 def load_split(manifest_path: str | Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(inputs, targets) of `split` from an SFT manifest; shapes and files checked."""
-    manifest_path = Path(manifest_path)
-    try:
-        m = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{manifest_path}: not valid JSON ({e})") from None
-    if m.get("kind") != "conversations":
-        raise ValueError(f"{manifest_path}: not a conversations manifest (kind {m.get('kind')!r})")
+    m = read_manifest(manifest_path)
     arrays = {}
-    for s in m["shards"]:
-        if s["split"] == split:
-            path = manifest_path.parent / s["file"]
+    for a in m.arrays:
+        if a.split == split:
             try:
-                arrays[s["array"]] = np.load(path, allow_pickle=False)
+                arrays[a.array] = np.load(a.file, allow_pickle=False)
             except (ValueError, EOFError) as e:  # truncated, or not an .npy array
-                raise ValueError(f"{path}: not a readable .npy array ({e})") from None
+                raise ValueError(f"{a.file}: not a readable .npy array ({e})") from None
     if set(arrays) != {"inputs", "targets"}:
-        raise ValueError(f"{manifest_path}: no inputs/targets arrays for split {split!r}")
+        raise ValueError(f"{m.path}: no inputs/targets arrays for split {split!r}")
     x, y = arrays["inputs"], arrays["targets"]
-    if x.shape != y.shape or x.ndim != 2 or x.shape[1] != m["seq_len"]:
-        raise ValueError(f"{manifest_path}: {split} arrays of shapes {x.shape}, {y.shape}")
+    if x.shape != y.shape or x.ndim != 2 or x.shape[1] != m.seq_len:
+        raise ValueError(f"{m.path}: {split} arrays of shapes {x.shape}, {y.shape}")
     return x, y
 
 
@@ -39,7 +93,8 @@ class ConversationLoader:
     """ShardLoader's interface (lmpipe.data.loader) over conversation rows: one a row.
 
     A step takes `batch_tokens / seq_len` rows of a permutation drawn anew each epoch from
-    (seed, epoch); micro-batch `i` of rank `r` is slice `i * W + r` of them, as in ShardLoader, so
+    (seed, epoch); micro-batch `i` of rank `r` (of the data-parallel group `dp`) is slice
+    `i * W + r` of them, as in ShardLoader, so
     the rows of a step do not depend on how ranks and micro-batches split it. The rows left over
     at the end of an epoch (fewer than a step) are dropped, different ones each epoch.
     """
@@ -50,16 +105,16 @@ class ConversationLoader:
         targets: np.ndarray,
         micro_batch: int,
         batch_tokens: int,
-        rank: int,
-        world_size: int,
+        dp: dist.ProcessGroup | DataShare,
         seed: int,
     ):
         self.inputs, self.targets = inputs, targets
         self.B, self.T = micro_batch, inputs.shape[1]
-        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.rank, self.world_size = share_of(dp)
+        self.seed = seed
         self.rows_per_step = batch_tokens // self.T
-        self.micro_steps = self.rows_per_step // (micro_batch * world_size)
-        assert self.micro_steps * micro_batch * world_size * self.T == batch_tokens
+        self.micro_steps = self.rows_per_step // (micro_batch * self.world_size)
+        assert self.micro_steps * micro_batch * self.world_size * self.T == batch_tokens
         self.steps_per_epoch = len(inputs) // self.rows_per_step
         if self.steps_per_epoch == 0:
             raise ValueError(
@@ -101,10 +156,11 @@ def conversation_val_batches(
     targets: np.ndarray,
     micro_batch: int,
     val_tokens: int,
-    rank: int,
-    world_size: int,
+    dp: dist.ProcessGroup | DataShare,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's share of the first `val_tokens / seq_len` held-out rows, in batches."""
+    """This rank's share (of the data-parallel group `dp`) of the first `val_tokens / seq_len`
+    held-out rows, in batches."""
+    rank, world_size = share_of(dp)
     n = min(len(inputs), max(1, val_tokens // inputs.shape[1])) // world_size * world_size
     if n == 0:
         raise ValueError(f"{len(inputs)} held-out conversations, fewer than {world_size} ranks")

@@ -6,18 +6,22 @@ position moves a whole optimizer step at a time: a step reads `batch_tokens` con
 So the tokens of each step do not depend on how they are split into ranks and micro-batches,
 and 1 process with 2x the accumulation sees the same batches as 2 ranks. A step that would run
 past the end of a shard starts at the next shard (wrapping around: another epoch).
+
+The ranks are those of the data-parallel group (`dp`: the process group, lmpipe.train.parallel's
+`Dist.group`, or a DataShare, which plays a rank without one): with a second mesh dimension, the
+ranks that differ only in it read the same batches.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from lmpipe.data.shards import read_shard
+from lmpipe.data.shards import read_manifest, read_shard
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), (B, T) each; target -1: not counted
 
@@ -32,23 +36,23 @@ class Loader(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class DataShare(NamedTuple):
+    """A process's place among the data-parallel ranks: its rank in the group, the group's size."""
+
+    rank: int = 0
+    size: int = 1
+
+
+def share_of(dp: dist.ProcessGroup | DataShare) -> DataShare:
+    """The share of the data-parallel group `dp` this process reads (a DataShare: itself)."""
+    if isinstance(dp, DataShare):
+        return dp
+    return DataShare(dist.get_rank(dp), dist.get_world_size(dp))
+
+
 def shard_files(manifest: str | Path, split: str) -> list[Path]:
     """The shard files of `split` ('train' or 'val') from a tokens manifest, in order."""
-    manifest = Path(manifest)
-    try:
-        data = json.loads(manifest.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{manifest}: not valid JSON ({e})") from None
-    try:
-        files = [manifest.parent / s["file"] for s in data["shards"] if s["split"] == split]
-    except (KeyError, TypeError) as e:
-        raise ValueError(
-            f"{manifest}: not a tokens manifest (`shards`, each with `file` and `split`;"
-            f" {type(e).__name__}: {e})"
-        ) from None
-    if not files:
-        raise ValueError(f"{manifest}: no '{split}' shards listed")
-    return files
+    return read_manifest(manifest).files(split)
 
 
 class ShardLoader:
@@ -60,15 +64,14 @@ class ShardLoader:
         micro_batch: int,
         seq_len: int,
         batch_tokens: int,
-        rank: int,
-        world_size: int,
+        dp: dist.ProcessGroup | DataShare,
     ):
         self.files = files
         self.B, self.T = micro_batch, seq_len
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size = share_of(dp)
         self.batch_tokens = batch_tokens
-        self.micro_steps = batch_tokens // (micro_batch * seq_len * world_size)
-        assert self.micro_steps * micro_batch * seq_len * world_size == batch_tokens
+        self.micro_steps = batch_tokens // (micro_batch * seq_len * self.world_size)
+        assert self.micro_steps * micro_batch * seq_len * self.world_size == batch_tokens
         self.shard, self.pos, self.micro = 0, 0, 0
         self._tokens = self._load(0)
 
@@ -108,9 +111,11 @@ class ShardLoader:
 
 
 def val_batches(
-    file: Path, micro_batch: int, seq_len: int, val_tokens: int, rank: int, world_size: int
+    file: Path, micro_batch: int, seq_len: int, val_tokens: int, dp: dist.ProcessGroup | DataShare
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's share of the first `val_tokens` tokens of the validation shard."""
+    """This rank's share (of the data-parallel group `dp`) of the first `val_tokens` tokens of
+    the validation shard."""
+    rank, world_size = share_of(dp)
     tokens = read_shard(file)
     B, T = micro_batch, seq_len
     per_step = B * T * world_size

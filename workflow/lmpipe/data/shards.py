@@ -4,10 +4,16 @@ A shard is a header of 256 little-endian int32 followed by the tokens as uint16:
     header[0] = 20240520 (magic), header[1] = 1 (version), header[2] = number of tokens.
 This is what llm.c's `dev/data/fineweb.py` writes and `train_gpt2.py` reads, so shards
 interchange with llm.c. Readers check magic, version and size, and name the file when one is wrong.
+
+A tokenized dataset's `manifest.json` lists its shards in order, each with its split, tokens and
+sha256; `read_manifest` is its one reader (the loaders, the val-loss evaluation, the data's
+identity in the settings hash).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +82,58 @@ def read_shard(path: str | Path, mmap: bool = True) -> np.ndarray:
     with open(path, "rb") as f:
         f.seek(HEADER_BYTES)
         return np.frombuffer(f.read(), dtype=TOKEN_DTYPE)
+
+
+@dataclass(frozen=True)
+class ManifestShard:
+    """A shard as the tokens manifest lists it; `file` is the shard's path."""
+
+    file: Path
+    split: str  # "val" or "train"
+    tokens: int | None
+    sha256: str | None
+
+    @property
+    def identity(self) -> str:
+        """What names the shard's content: its sha256 (its file name where none is listed)."""
+        return self.sha256 if self.sha256 is not None else self.file.name
+
+
+@dataclass(frozen=True)
+class TokensManifest:
+    path: Path
+    shards: list[ManifestShard]
+
+    def files(self, split: str) -> list[Path]:
+        """The shard files of `split` ('train' or 'val'), in order; none is an error."""
+        files = [s.file for s in self.shards if s.split == split]
+        if not files:
+            raise ValueError(f"{self.path}: no '{split}' shards listed")
+        return files
+
+    def identity(self) -> list[str]:
+        """The shards' identities, in order: the data's, in a run's settings hash."""
+        return [s.identity for s in self.shards]
+
+
+def read_manifest(path: str | Path) -> TokensManifest:
+    """A tokens manifest.json: its shards (`file` and `split` required; `tokens`, `sha256`).
+    A missing file, bad JSON or a missing key is an error naming the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: tokens manifest not found") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    try:
+        shards = [
+            ManifestShard(path.parent / s["file"], s["split"], s.get("tokens"), s.get("sha256"))
+            for s in data["shards"]
+        ]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"{path}: not a tokens manifest (`shards`, each with `file` and `split`;"
+            f" {type(e).__name__}: {e})"
+        ) from None
+    return TokensManifest(path, shards)

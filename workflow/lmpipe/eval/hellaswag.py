@@ -1,46 +1,47 @@
-"""HellaSwag: load the rowanz jsonl, and score it natively, batched, two ways.
+"""HellaSwag: load the rowanz jsonl, and make it a task of the native multiple-choice scorer.
 
 `evaluate` (the `hellaswag` evaluation) scores the run's converted model with llm.c's scoring.
 
 Each item is a context and four endings; the model picks the ending it finds most likely.
+`task_data` turns the items into the native scorer's task (lmpipe.eval.suite.native: the rows
+packed as prefix trees, lmpipe.eval.packing; the log-likelihoods; acc and acc_norm picked as
+lm-eval picks them), under one of two scoring options:
 
-- `llmc` scoring (llm.c's `dev/data/hellaswag.py`; the figure llm.c quotes, in lmpipe's references):
-  tokens of `ctx` then of `" " + ending`, loss over the ending's tokens only;
-  acc from the summed loss, acc_norm from the mean loss per ending token.
-- `lm_eval` scoring (the lm-eval harness's `hellaswag` task, reproduced to prove the scorer right):
+- `llmc` (llm.c's `dev/data/hellaswag.py`; the figure llm.c quotes, in lmpipe's references):
+  tokens of `ctx` then of `" " + ending`, encoded apart (the items carry these rows themselves,
+  `Item.rows`); acc from the summed log-likelihood, acc_norm from the mean per ending token
+  (`Item.choice_lengths`: the ending's tokens).
+- `lm_eval` (the lm-eval harness's `hellaswag` task, reproduced to prove the scorer right):
   its preprocessing (`activity_label: ctx_a Ctx_b`, WikiHow `[title]` and bracket artefacts
-  removed), the continuation tokenized as lm-eval's `_encode_pair` does (the whole text, minus the
-  context's tokens); acc from the summed log-likelihood, acc_norm from the log-likelihood divided
-  by the ending's length in characters.
-
-Speed comes from packing the rows as prefix trees (lmpipe.eval.packing: an item's context through
-the model once for its four endings, many items a sequence) and from running the LM head only at
-the ending's positions, where lm-eval computes a log-softmax over the whole vocabulary at every
-position of every row.
+  removed) and its multiple-choice request, tokenized as every suite task is (lm-eval's
+  `_encode_pair`: the whole text, minus the context's tokens); acc_norm divides by the ending's
+  length in characters.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tiktoken
-import torch
-from tqdm import tqdm
 
 from lmpipe.data.tokenizer import gpt2_encoding
-from lmpipe.eval import packing
 from lmpipe.eval.results import mean_stderr, produced_by
+from lmpipe.eval.suite import native
+from lmpipe.eval.suite.data import TaskData
+from lmpipe.eval.suite.metrics import TaskScore
+from lmpipe.eval.suite.tasks import DELIMITER, Item, choice_item
 from lmpipe.models import load_hf
 from lmpipe.paths import TOKENIZER_DIR
 from lmpipe.registry import HellaSwagSettings
 
-MODES = ("llmc", "lm_eval")
+NAME = "hellaswag"
+MODES = ("llmc", "lm_eval")  # the scoring options
 NUM_ENDINGS = 4
+METRICS = ("acc", "acc_norm")  # acc_norm the headline, in llm.c's and lm-eval's figures
 REQUIRED = {"activity_label": str, "ctx_a": str, "ctx_b": str, "ctx": str}
 
 
@@ -130,14 +131,7 @@ def item_rows(item: dict, enc: tiktoken.Encoding, mode: str) -> list[tuple[list[
         return [(ctx, enc.encode_ordinary(" " + e)) for e in item["endings"]]
     if mode == "lm_eval":
         query, choices = lm_eval_prompt(item)
-        # lm-eval's _encode_pair: encode context + continuation whole, split at the context's
-        # length (continuation = target_delimiter " " + choice; the query has no trailing space).
-        ctx = enc.encode_ordinary(query)
-        rows = []
-        for choice in choices:
-            whole = enc.encode_ordinary(query + " " + choice)
-            rows.append((whole[: len(ctx)], whole[len(ctx) :]))
-        return rows
+        return [native.encode_pair(enc, query, DELIMITER + choice) for choice in choices]
     raise ValueError(f"unknown scoring mode {mode!r} (expected one of {', '.join(MODES)})")
 
 
@@ -149,77 +143,63 @@ def normaliser(item: dict, rows: list[tuple[list[int], list[int]]], mode: str) -
 
 
 # ----------------------------------------------------------------------------------------------
-# scoring
+# a task of the native multiple-choice scorer
 
 
-@dataclass
-class HellaSwagScore:
-    mode: str
-    items: int
-    acc: float
-    acc_norm: float
-    pred: list[int]  # per item: argmax of the summed log-likelihood
-    pred_norm: list[int]  # per item: argmax of the normalised log-likelihood
-    loglik: list[list[float]]  # per item, per ending: summed log-likelihood
-
-
-def score(
-    model: torch.nn.Module,
-    items: list[dict],
-    enc: tiktoken.Encoding,
-    mode: str = "llmc",
-    batch_items: int = 16,
-    device: str | torch.device = "cpu",
-    show_progress: bool = True,
-) -> HellaSwagScore:
-    """Accuracy of `model` on `items` under a scoring mode (see the module docstring)."""
-    per_item = [item_rows(item, enc, mode) for item in items]
-    rows = [row for item_rows_ in per_item for row in item_rows_]
-    with tqdm(
-        total=len(items), desc=f"hellaswag ({mode})", unit="item", disable=not show_progress
-    ) as bar:
-        ll = packing.score_rows(
-            model, rows, batch_items * NUM_ENDINGS, device, bar, rows_per_step=NUM_ENDINGS
-        )
-    ll = ll.reshape(len(items), NUM_ENDINGS)
-    norm = np.stack([normaliser(it, r, mode) for it, r in zip(items, per_item, strict=True)])
-    pred = ll.argmax(axis=1)  # ties go to the first ending, as np.argmax does in lm-eval
-    pred_norm = (ll / norm).argmax(axis=1)
-    labels = np.array([it["label"] for it in items])
-    return HellaSwagScore(
-        mode=mode,
-        items=len(items),
-        acc=float((pred == labels).mean()),
-        acc_norm=float((pred_norm == labels).mean()),
-        pred=pred.tolist(),
-        pred_norm=pred_norm.tolist(),
-        loglik=ll.tolist(),
+def task_item(item: dict, enc: tiktoken.Encoding, scoring: str) -> Item:
+    """One item as the native scorer's `Item` under a scoring option (module docstring)."""
+    if scoring == "lm_eval":
+        query, choices = lm_eval_prompt(item)
+        return choice_item(query, choices, item["label"])  # lm-eval's multiple_choice request
+    rows = item_rows(item, enc, scoring)  # llm.c's, or an error naming the unknown option
+    return Item(
+        contexts=(item["ctx"],) * NUM_ENDINGS,
+        continuations=tuple(" " + e for e in item["endings"]),
+        gold=item["label"],
+        choice_lengths=tuple(int(n) for n in normaliser(item, rows, scoring)),
+        rows=tuple((tuple(ctx), tuple(cont)) for ctx, cont in rows),
     )
+
+
+def task_data(items: list[dict], enc: tiktoken.Encoding, scoring: str = "llmc") -> TaskData:
+    """HellaSwag's `items` (load_items) as a task of the native scorer, in order:
+    `native.score_task(model, task_data(items, enc), enc)` scores them, and
+    `native.item_rows(data.items, enc)` gives their rows, four an item."""
+    return TaskData(NAME, [task_item(item, enc, scoring) for item in items], files={})
+
+
+def result(score: TaskScore) -> dict[str, Any]:
+    """The result file's figures from the per-item score: acc, acc_norm (the value), their
+    standard errors, the items, and `per_item` right answers in file order (what a paired test
+    between two runs compares)."""
+    correct = {metric: list(getattr(score, metric)) for metric in METRICS}
+    acc, acc_norm = (sum(correct[m]) / score.items for m in METRICS)
+    return {
+        "metric": NAME,
+        "value": acc_norm,
+        "acc": acc,
+        "acc_stderr": mean_stderr(correct["acc"]),
+        "acc_norm": acc_norm,
+        "acc_norm_stderr": mean_stderr(correct["acc_norm"]),
+        "items": score.items,
+        "per_item": correct,
+    }
 
 
 def evaluate(
     settings: HellaSwagSettings, model_dir: Path, inputs: dict[str, Path], device: str
 ) -> dict[str, Any]:
+    """The `hellaswag` evaluation: the first `settings.items` items, llm.c's scoring."""
     model = load_hf(model_dir).to(device)
     items_file = inputs["hellaswag"]
     items = load_items(items_file, settings.items)
     if len(items) < settings.items:
         print(f"note: {items_file} holds {len(items)} items, fewer than {settings.items}")
-    result = score(model, items, gpt2_encoding(TOKENIZER_DIR), "llmc", settings.batch, device)
-    labels = [it["label"] for it in items]
-    correct = {  # per item, in file order: what a paired test between two runs compares
-        "acc": [int(p == y) for p, y in zip(result.pred, labels, strict=True)],
-        "acc_norm": [int(p == y) for p, y in zip(result.pred_norm, labels, strict=True)],
-    }
-    return {
-        "metric": "hellaswag",
-        "value": result.acc_norm,
-        "acc": result.acc,
-        "acc_stderr": mean_stderr(correct["acc"]),
-        "acc_norm": result.acc_norm,
-        "acc_norm_stderr": mean_stderr(correct["acc_norm"]),
-        "items": result.items,
-        "per_item": correct,
+    enc = gpt2_encoding(TOKENIZER_DIR)
+    # settings.batch counts items; the scorer's batch counts rows, four an item
+    batch_rows = settings.batch * NUM_ENDINGS
+    score = native.score_task(model, task_data(items, enc, "llmc"), enc, batch_rows, device)
+    return result(score) | {
         "produced_by": produced_by(
             __name__, model_dir, "llmc", items_file=str(items_file), device=device
         ),

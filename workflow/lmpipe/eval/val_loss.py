@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,18 +9,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lmpipe.data.shards import read_shard
+from lmpipe.data.shards import read_manifest, read_shard
 from lmpipe.eval.results import produced_by
 from lmpipe.models import load_hf
 from lmpipe.registry import ValLossSettings
 
 
 def val_shard(manifest_path: str | Path) -> Path:
-    manifest = json.loads(Path(manifest_path).read_text())
-    val = [s for s in manifest["shards"] if s["split"] == "val"]
+    val = read_manifest(manifest_path).files("val")
     if len(val) != 1:
         raise ValueError(f"{manifest_path}: expected one val shard, found {len(val)}")
-    return Path(manifest_path).parent / val[0]["file"]
+    return val[0]
 
 
 @torch.no_grad()

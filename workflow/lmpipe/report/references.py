@@ -53,7 +53,8 @@ REFERENCES: tuple[Reference, ...] = (
     ),
     Reference(
         name="llm.c GPT-2 350M",
-        source="llm.c's GPT-2 350M reproduction on FineWeb (the figure lmpipe's issue #15 cites)",
+        source="llm.c's GPT-2 350M reproduction on FineWeb: 60,000 steps of 524,288 tokens"
+        " (31.5B) on 8xA100, final val loss 2.9282",
         figures={"val_loss": 2.93},
     ),
     Reference(

@@ -29,7 +29,10 @@ each rank's rows on their own gives another matrix (rows orthonormal among thems
 whole), so torch.optim.Muon cannot run on the shards. Gathering every matrix on every rank
 (`full_tensor()`) would repeat all the work on each. Instead, each optimizer step:
 
-1. matrix k of the group (the same order on every rank) has an owner, rank k % world_size;
+1. matrix k of the group (the same order on every rank) has an owner, rank k % world_size of
+   the data-parallel group (the mesh dimension that shards the rows, `row_group`; on a mesh of
+   more dimensions the others must replicate the matrices, and each of their ranks repeats the
+   work of its data-parallel group);
 2. every rank sends its rows of update k to the owner (`dist.gather`, each shard padded to
    torch.chunk's row count, all matrices in flight at once): the owner holds the whole matrix;
 3. each rank runs Newton-Schulz on the matrices it owns only: 1/world_size of the work;
@@ -93,6 +96,31 @@ def _padded(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
+def row_group(updates: list[DTensor]) -> tuple[dist.ProcessGroup, int, int]:
+    """The process group the matrices' rows are sharded over, its size and this rank in it: the
+    data-parallel dimension of their mesh (FSDP's Shard(0)). Other dimensions must replicate
+    the rows (HSDP's replicas, a tensor-parallel dimension that leaves these matrices whole):
+    each of their ranks then orthogonalises the same matrices. What Muon cannot orthogonalise
+    from gathered rows (columns split, rows split over two dimensions, a pending sum) is refused,
+    naming the placements."""
+    u = updates[0]
+    mesh, placements = u.device_mesh, tuple(u.placements)
+    rows = [d for d, p in enumerate(placements) if type(p) is Shard and p.dim == 0]
+    whole = len(rows) == 1 and all(
+        p.is_replicate() for d, p in enumerate(placements) if d != rows[0]
+    )
+    if not whole or any(
+        (v.device_mesh, tuple(v.placements)) != (mesh, placements) for v in updates[1:]
+    ):
+        raise ValueError(
+            f"muon: matrices sharded as {placements} over mesh {mesh.mesh_dim_names}; Muon"
+            " gathers a matrix's rows over one mesh dimension (Shard(0)), the others"
+            " replicating it, the same for every matrix"
+        )
+    d = rows[0]
+    return mesh.get_group(d), mesh.size(d), mesh.get_local_rank(d)
+
+
 def orthogonalise(
     updates: list[torch.Tensor], steps: int, dtype: torch.dtype
 ) -> list[torch.Tensor]:
@@ -102,15 +130,12 @@ def orthogonalise(
     sharded = []
     for i, u in enumerate(updates):
         if isinstance(u, DTensor):
-            if u.device_mesh.ndim != 1 or tuple(u.placements) != (Shard(0),):
-                raise ValueError(f"muon: expected a 1-D mesh, Shard(0); got {u.placements}")
             sharded.append(i)
         else:
             out[i] = newton_schulz(u, steps, dtype).to(u.dtype)
     if not sharded:
         return out
-    mesh = updates[sharded[0]].device_mesh
-    group, world, rank = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+    group, world, rank = row_group([updates[i] for i in sharded])
     owners = {i: k % world for k, i in enumerate(sharded)}  # 1. round robin, the same everywhere
 
     # 2. each owner gathers the shards of its matrices

@@ -79,9 +79,14 @@ def init_distributed(device_type: str) -> Dist:
         dist.init_process_group(backend, device_id=device if device_type == "cuda" else None)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    mesh = dp_mesh(device.type)
     group = mesh.get_group("dp")
     return Dist(dist.get_rank(group), dist.get_world_size(group), local_rank, device, mesh)
+
+
+def dp_mesh(device_type: str) -> DeviceMesh:
+    """The 1-D data-parallel mesh ("dp") over every rank of the process group."""
+    return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("dp",))
 
 
 def mixed_precision(device_type: str, dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
@@ -100,8 +105,10 @@ def parallelize(
     dtype: str,
     compile: bool,
     fsdp: FSDPConfig | None = None,
+    mesh: DeviceMesh | None = None,
 ) -> torch.nn.Module:
-    """Compile each block (optional), then shard blocks and root over all ranks.
+    """Compile each block (optional), then shard blocks and root over the data-parallel mesh
+    (`Dist.mesh`; None: a 1-D one over every rank, as init_distributed makes).
 
     Per-block `Module.compile()` keeps parameter names unprefixed (no `_orig_mod.`), so state
     dicts and checkpoints read the same with or without compile. With `prefetch_blocks` k, each
@@ -109,7 +116,7 @@ def parallelize(
     the communication overlaps the current block's compute.
     """
     fsdp = fsdp or FSDPConfig()
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = mesh if mesh is not None else dp_mesh(device.type)
     mp = mixed_precision(device.type, dtype, fsdp.reduce_dtype)
     blocks = model.blocks()
     for block in blocks:

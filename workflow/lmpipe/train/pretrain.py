@@ -11,37 +11,28 @@ shards and this rank's share of the val shard; the model starts from its random 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from lmpipe.config import TrainJob
-from lmpipe.data.loader import ShardLoader, shard_files, val_batches
+from lmpipe.data.loader import ShardLoader, val_batches
+from lmpipe.data.shards import read_manifest
 from lmpipe.train.loop import Task, worker_main
 from lmpipe.train.parallel import Dist
-
-
-def shard_digests(manifest: Path) -> list[str]:
-    """The shards' sha256, as the tokens manifest lists them: the data's identity."""
-    shards = json.loads(Path(manifest).read_text())["shards"]
-    return [s.get("sha256", s["file"]) for s in shards]
 
 
 def pretraining(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Task:
     if init is not None:
         raise ValueError(f"--init {init}: pretraining starts from a random init")
-    tc = job.train
+    tc, shards = job.train, read_manifest(manifest)
+    # each rank reads its share of the data-parallel group's batches
     loader = ShardLoader(
-        shard_files(manifest, "train"), tc.micro_batch, tc.seq_len, tc.batch_tokens, d.rank,
-        d.world_size,
-    )  # fmt: skip
-    val = val_batches(
-        shard_files(manifest, "val")[0], tc.micro_batch, tc.seq_len, tc.val_tokens, d.rank,
-        d.world_size,
-    )  # fmt: skip
-    return Task(train=tc, loader=loader, val_batches=val, data_identity=shard_digests(manifest))
+        shards.files("train"), tc.micro_batch, tc.seq_len, tc.batch_tokens, d.group
+    )
+    val = val_batches(shards.files("val")[0], tc.micro_batch, tc.seq_len, tc.val_tokens, d.group)
+    return Task(train=tc, loader=loader, val_batches=val, data_identity=shards.identity())
 
 
 @record

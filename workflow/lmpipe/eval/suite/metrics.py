@@ -19,7 +19,7 @@ class TaskScore:
     name: str
     loglik: list[list[float]]  # per item, per choice: summed log-likelihood of the continuation
     pred: list[int]  # argmax of the log-likelihoods (ties: the first, as np.argmax)
-    pred_norm: list[int]  # argmax of log-likelihood / len(choice in characters)
+    pred_norm: list[int]  # argmax of log-likelihood / the item's choice_lengths
     acc: list[int]  # per item: pred == gold
     acc_norm: list[int]  # per item: pred_norm == gold
     subjects: dict[str, int] = field(default_factory=dict)  # mmlu: items a subject, in order

@@ -8,6 +8,10 @@ context shared by an item's choices, or a prefix shared by items, runs through t
 the LM head runs only where a continuation token is predicted, once a position (the one softmax
 that MMLU's, CommonsenseQA's and BoolQ's one-token choices are read from). A row longer than the
 model is first truncated from the left of its context, as lm-eval truncates it.
+
+A task that tokenizes its own way gives its items' rows itself (`Item.rows`; HellaSwag's llm.c
+scoring, lmpipe.eval.hellaswag.task_data) and its own acc_norm divisors (`Item.choice_lengths`):
+the packing, the log-likelihoods and the choice are the same code for every task.
 """
 
 from __future__ import annotations
@@ -38,13 +42,19 @@ def encode_pair(enc: tiktoken.Encoding, context: str, continuation: str) -> Row:
     return ctx, whole[len(ctx) :]
 
 
-def item_rows(items: list[Item], enc: tiktoken.Encoding) -> list[Row]:
-    """Every choice of every item, in order."""
+def choice_rows(item: Item, enc: tiktoken.Encoding) -> list[Row]:
+    """An item's rows, one a choice: the task's own (`Item.rows`), else lm-eval's encoding."""
+    if item.rows is not None:
+        return [(list(ctx), list(cont)) for ctx, cont in item.rows]
     return [
         encode_pair(enc, ctx, cont)
-        for item in items
         for ctx, cont in zip(item.contexts, item.continuations, strict=True)
     ]
+
+
+def item_rows(items: list[Item], enc: tiktoken.Encoding) -> list[Row]:
+    """Every choice of every item, in order."""
+    return [row for item in items for row in choice_rows(item, enc)]
 
 
 def check_choices_fit(data: TaskData, rows: list[Row], block_size: int) -> None:
@@ -55,7 +65,7 @@ def check_choices_fit(data: TaskData, rows: list[Row], block_size: int) -> None:
         for _, cont in rows[start : start + len(item.continuations)]:
             if len(cont) > block_size:
                 raise ValueError(
-                    f"suite task {data.name}: item {k}: a choice of {len(cont)} tokens is longer"
+                    f"task {data.name}: item {k}: a choice of {len(cont)} tokens is longer"
                     f" than the model's block_size {block_size}"
                 )
         start += len(item.continuations)

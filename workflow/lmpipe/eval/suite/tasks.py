@@ -42,8 +42,13 @@ class Item:
     continuations: tuple[str, ...]  # one a choice, target delimiter included
     gold: int
     # lm-eval's acc_norm divisor: len(choice) in characters, choice as doc_to_choice returns it
-    # (without the target delimiter; for winogrande the partial contexts)
+    # (without the target delimiter; for winogrande the partial contexts); a task scored its own
+    # way sets its own (HellaSwag's llm.c scoring: the ending's tokens)
     choice_lengths: tuple[int, ...]
+    # (context tokens, continuation tokens) a choice, where the task tokenizes its own way
+    # (HellaSwag's llm.c scoring: the context and the ending encoded apart); None: the native
+    # scorer's lm-eval encoding of contexts and continuations (lmpipe.eval.suite.native)
+    rows: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] | None = None
 
 
 @dataclass(frozen=True)

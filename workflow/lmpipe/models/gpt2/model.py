@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from lmpipe.config import ModelConfig
 from lmpipe.models.attention import attend
+from lmpipe.registry import ARCHITECTURES
 
 # The model's shape is the config's `models:` entry (one definition, torch-free, in lmpipe.config);
 # the sizes (d12 = 124M, d24 = 350M, ...) are named in config/config.yaml.
@@ -131,18 +132,17 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs a token by llm.c's formula: 6N + 6*L*C*T (forward + backward)."""
-        c = self.config
-        return 6 * self.num_params() + 6 * c.n_layer * c.n_embd * seq_len
+        """Training FLOPs a token, llm.c's 6N + 6*L*C*T: the registry's one count."""
+        return ARCHITECTURES["gpt2"].flops_per_token(self.config, seq_len)
 
     def blocks(self) -> list[nn.Module]:
         """The repeated blocks, in order: what parallelize shards (and compiles) one by one."""
         return list(self.transformer.h)
 
     def head_flops_per_token(self) -> int:
-        """The LM head's share of flops_per_token (6 * V * C, V padded as num_params counts it):
-        what a position saves when `head_on_counted_only` skips it."""
-        return 6 * self.config.padded_vocab_size * self.config.n_embd
+        """The LM head's share of flops_per_token (the registry's 6 * V * C): what a position
+        saves when `head_on_counted_only` skips it."""
+        return ARCHITECTURES["gpt2"].head_flops_per_token(self.config)
 
     def hidden_states(
         self,

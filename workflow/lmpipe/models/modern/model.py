@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from lmpipe.config import ModelConfig, model_config
 from lmpipe.models.attention import attend
+from lmpipe.registry import ARCHITECTURES
 
 
 def modern_config(**fields) -> ModelConfig:
@@ -222,18 +223,13 @@ class ModernGPT(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs a token, llm.c's formula 6N + 6*L*C*T, N the parameters that take part
-        in a matmul: an untied token embedding is a lookup, left out (GPT-2's tied one is the
-        head, and counts); learned positions count, as llm.c counts them."""
-        c = self.config
-        n = self.num_params()
-        if not c.tie_embeddings:
-            n -= self.transformer.wte.weight.numel()
-        return 6 * n + 6 * c.n_layer * c.n_embd * seq_len
+        """Training FLOPs a token, llm.c's 6N + 6*L*C*T, N the parameters that take part in a
+        matmul (an untied token embedding is a lookup, left out): the registry's one count."""
+        return ARCHITECTURES["modern"].flops_per_token(self.config, seq_len)
 
     def head_flops_per_token(self) -> int:
-        """The LM head's share of flops_per_token (6 * V * C, V padded)."""
-        return 6 * self.config.padded_vocab_size * self.config.n_embd
+        """The LM head's share of flops_per_token (the registry's 6 * V * C, V padded)."""
+        return ARCHITECTURES["modern"].head_flops_per_token(self.config)
 
     def blocks(self) -> list[nn.Module]:
         """The repeated blocks, in order: what parallelize shards (and compiles) one by one."""

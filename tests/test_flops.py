@@ -1,0 +1,38 @@
+"""One FLOPs count a model: the plan's (lmpipe.plan, torch-free, from the registry), the model's
+own (its MFU) and one counted here from the built module must agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmpipe import plan
+from lmpipe.config import named_models
+from lmpipe.models import architecture
+from lmpipe.registry import ARCHITECTURES
+
+
+def counted_flops_per_token(model: torch.nn.Module, seq_len: int) -> int:
+    """llm.c's 6N + 6LCT with N counted from the module: every parameter once (a tied weight
+    is one), less an untied token embedding, which is a lookup and takes no matmul."""
+    n = sum(p.numel() for p in model.parameters())
+    wte = model.transformer.wte.weight
+    if model.lm_head.weight is not wte:
+        n -= wte.numel()
+    c = model.config
+    return 6 * n + 6 * c.n_layer * c.n_embd * seq_len
+
+
+@pytest.mark.parametrize("name", ["tiny", "d12", "tiny-modern", "d12-modern"])
+def test_the_plan_counts_the_flops_the_model_does(name):
+    config = named_models()[name]
+    with torch.device("meta"):
+        model = architecture(config.arch).Model(config)
+    T = config.block_size
+    counted = counted_flops_per_token(model, T)
+    assert model.flops_per_token(T) == counted
+    assert plan.train_flops_per_token(config, T) == counted
+    assert plan.forward_flops_per_token(config, T) == pytest.approx(counted / 3)
+    head = 6 * config.padded_vocab_size * config.n_embd
+    assert model.head_flops_per_token() == head
+    assert ARCHITECTURES[config.arch].head_flops_per_token(config) == head
