@@ -116,3 +116,82 @@ def test_the_snakefile_s_imports_pull_in_no_torch():
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def module_of(path: Path) -> str:
+    """`lmpipe.eval.suite.tasks` of workflow/lmpipe/eval/suite/tasks.py (a package: its folder)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each lmpipe module -> the lmpipe modules it imports (inside functions too): the most
+    specific module a dotted name names (`from lmpipe.eval import packing`: lmpipe.eval.packing)."""
+    modules = {module_of(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            else:
+                continue
+            for n in names:
+                while n and n not in modules:
+                    n = n.rpartition(".")[0]
+                if n.startswith("lmpipe.") and n != name:
+                    edges.add(n)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph (a -> b -> ... -> a), or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_circle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_circle_finder_finds_a_planted_circle():
+    graph = import_graph()
+    graph["lmpipe.plan"] = graph["lmpipe.plan"] | {"lmpipe.schema"}
+    graph["lmpipe.schema"] = graph["lmpipe.schema"] | {"lmpipe.sweeps"}
+    graph["lmpipe.sweeps"] = graph["lmpipe.sweeps"] | {"lmpipe.plan"}
+    assert find_cycle(graph) is not None
+
+
+MAX_FUNCTION_LINES = 60  # a function a newcomer reads on one screen
+
+
+def test_every_function_fits_on_a_screen():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fl", REPO / "tools" / "function_lengths.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    found = tool.function_lengths(PACKAGE)
+    long = [f"{where} ({n} lines)" for n, where in found if n > MAX_FUNCTION_LINES]
+    assert not long, f"over {MAX_FUNCTION_LINES} lines: " + "; ".join(long)
