@@ -187,12 +187,6 @@ class TrainConfig:
     grad_clip: float = 1.0
     val_every: int = 250
     val_tokens: int = 1048576
-    eval_every: int = 0  # HellaSwag during training every N steps and at the last; 0: off
-    eval_items: int = 10_042  # items each time (the whole val set, as llm.c; fewer if the file is)
-    # zero-shot suite tasks (lmpipe.registry.SUITE_TASKS) scored at the same steps as HellaSwag,
-    # the suite's native scorer; eval_task_items: the first N items of each (None: all of them)
-    eval_tasks: tuple[str, ...] = ()
-    eval_task_items: int | None = None
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
     # periodic checkpoints written in a thread (dcp.async_save) while training goes on; the last
@@ -310,6 +304,8 @@ class TrainJob:
     launch: Placement
     base: BaseConfig | None = None
     sft: SFTConfig | None = None
+    # the evaluations scored as the model trains: name -> its settings (`in_training`)
+    during_training: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> TrainJob:
@@ -507,18 +503,33 @@ def conversations_params(config: dict[str, Any], dataset: str) -> str:
 
 def _train_settings(train: TrainConfig) -> dict[str, Any]:
     """The train section as the train rule's params. A key added since a run was trained is left
-    out while it has the value that behaves as before (checkpoint_async: false, no eval_tasks,
+    out while it has the value that behaves as before (checkpoint_async: false,
     schedule.cooldown_steps: 0),
-    so that adding it never reruns a finished run (Snakemake reruns a job whose params changed).
-    eval_task_items is left out too while there are no eval_tasks: it changes nothing then."""
+    so that adding it never reruns a finished run (Snakemake reruns a job whose params changed)."""
     settings = dataclasses.asdict(train)
     if not settings["checkpoint_async"]:
         del settings["checkpoint_async"]
     if not settings["schedule"]["cooldown_steps"]:
         del settings["schedule"]["cooldown_steps"]
-    if not settings["eval_tasks"]:
-        del settings["eval_tasks"], settings["eval_task_items"]
     return settings
+
+
+def in_training(rc: RunConfig) -> dict[str, dict[str, Any]]:
+    """The evaluations a run scores as it trains (lmpipe.registry: an Evaluation with a
+    `during_training` scorer whose section's `during_training.every` is on), each with its
+    schedule, a null taking the section's setting of the same name (items, tasks), and the
+    section's settings it reads (HellaSwag's file). In the train params: a change of them reruns
+    the training, which resumes (they are not in the trajectory's hash)."""
+    out = {}
+    for e in EVALUATIONS.values():
+        if e.during_training is None:
+            continue
+        section = rc.eval[e.section]
+        schedule = dataclasses.asdict(section.during_training)
+        if schedule["every"] > 0:
+            resolved = {k: getattr(section, k) if v is None else v for k, v in schedule.items()}
+            out[e.name] = resolved | {k: getattr(section, k) for k in e.during_training.reads}
+    return out
 
 
 def train_params(config: dict[str, Any], run: str) -> str:
@@ -536,6 +547,8 @@ def train_params(config: dict[str, Any], run: str) -> str:
     if rc.fine_tuning:
         job["base"] = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
         job["sft"] = dataclasses.asdict(rc.sft)
+    if evals := in_training(rc):
+        job["during_training"] = evals
     return canonical_json(job)
 
 
@@ -548,9 +561,11 @@ def wandb_settings(config: dict[str, Any], run: str) -> str | None:
 
 def eval_params(config: dict[str, Any], run: str, evaluation: str) -> str:
     """One evaluation of a run: only its own section's settings, so that changing another
-    evaluation's settings never reruns it."""
+    evaluation's settings never reruns it; nor its schedule during training (`during_training`:
+    the train job's)."""
     section = EVALUATIONS[evaluation].section
     settings = dataclasses.asdict(run_config(config, run).eval[section])
+    settings.pop("during_training", None)
     return canonical_json({"run": run, "evaluation": evaluation, "settings": settings})
 
 

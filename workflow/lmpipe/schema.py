@@ -21,6 +21,7 @@ import dataclasses
 import json
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -39,32 +40,50 @@ from lmpipe.config import (
     unknown_model_key,
 )
 from lmpipe.paths import SCHEMA
-from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS, SUITE_TASKS
+from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
 
 SCHEMA_HINT = "  [python -m lmpipe.schema --print shows every key]"
 
 
+JSON_TYPES = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
+
+
+def field_schema(cls: type, f: dataclasses.Field) -> dict[str, Any]:
+    """One field's JSON schema (its type and the constraints of its `setting()`); a field whose
+    type is a settings dataclass is an object of that dataclass's schema."""
+    prop = {k: v for k, v in f.metadata.items() if v != ""}
+    nested = typing.get_type_hints(cls)[f.name]
+    if dataclasses.is_dataclass(nested):
+        return section_schema(nested) | prop
+    hint = str(f.type)
+    nullable = hint.endswith(" | None")
+    hint = hint.removesuffix(" | None")
+    if hint in JSON_TYPES:
+        prop["type"] = JSON_TYPES[hint]
+    elif hint.startswith("list[") and hint[5:-1] in JSON_TYPES:
+        prop |= {"type": "array", "items": {"type": JSON_TYPES[hint[5:-1]]} | prop.get("items", {})}
+    elif hint.startswith("tuple["):
+        n = hint.count(",") + 1
+        prop |= {"type": "array", "items": {"type": "number"}, "minItems": n, "maxItems": n}
+    else:
+        raise TypeError(f"{cls.__name__}.{f.name}: no JSON type for {hint}")
+    if nullable:
+        prop["type"] = [prop["type"], "null"]
+    return prop
+
+
 def section_schema(cls: type) -> dict[str, Any]:
     """The JSON schema of a registry settings dataclass: types, defaults and constraints from its
-    fields (lmpipe.registry.setting), unknown keys refused."""
-    types = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
+    fields (lmpipe.registry.setting), unknown keys refused; a nested settings dataclass is a
+    nested object, its default its fields' defaults."""
     props, required_ = {}, []
     for f in dataclasses.fields(cls):
-        prop = {k: v for k, v in f.metadata.items() if v != ""}
-        hint = str(f.type)
-        nullable = hint.endswith(" | None")
-        hint = hint.removesuffix(" | None")
-        if hint in types:
-            prop["type"] = [types[hint], "null"] if nullable else types[hint]
-        elif hint.startswith("list[") and hint[5:-1] in types:
-            prop |= {"type": "array", "items": {"type": types[hint[5:-1]]} | prop.get("items", {})}
-        elif hint.startswith("tuple["):
-            n = hint.count(",") + 1
-            prop |= {"type": "array", "items": {"type": "number"}, "minItems": n, "maxItems": n}
-        else:
-            raise TypeError(f"{cls.__name__}.{f.name}: no JSON type for {hint}")
+        prop = field_schema(cls, f)
         if f.default is not dataclasses.MISSING:
-            prop["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+            default = f.default
+            if dataclasses.is_dataclass(default):
+                default = dataclasses.asdict(default)
+            prop["default"] = list(default) if isinstance(default, tuple) else default
         elif f.default_factory is not dataclasses.MISSING:
             prop["default"] = f.default_factory()
         else:
@@ -135,6 +154,7 @@ def validate(config: dict[str, Any]) -> None:
 def _validate(config: dict[str, Any]) -> None:
     from snakemake.utils import validate as snakemake_validate
 
+    refuse_moved_keys(config)
     try:
         snakemake_validate(config, str(SCHEMA))
     except Exception as e:
@@ -182,12 +202,6 @@ def validate_registry_sections(config: dict[str, Any]) -> None:
         opt = r["train"]["optimizer"]
         where = f"runs.{name}.train.optimizer"
         _check_section(opt, section_schema(optimizer_settings(opt, where)), where)
-        for task in r["train"].get("eval_tasks", []):
-            if task not in SUITE_TASKS:
-                raise ConfigError(
-                    f"runs.{name}.train.eval_tasks: unknown suite task {task!r}"
-                    f"{did_you_mean(task, SUITE_TASKS)} (known: {', '.join(SUITE_TASKS)})"
-                )
         evals = r.setdefault("eval", {})
         for section in evals:
             if section not in EVAL_SECTIONS:
@@ -207,7 +221,6 @@ def full_schema() -> dict[str, Any]:
     schema = yaml.safe_load(SCHEMA.read_text())
     defs = schema["definitions"]
     defs["optimizer"] = {"oneOf": [section_schema(o.settings) for o in OPTIMIZERS.values()]}
-    defs["train"]["properties"]["eval_tasks"]["items"]["enum"] = list(SUITE_TASKS)
     model = defs["model"]
     model["additionalProperties"] = False  # the architectures' settings, each marked with its arch
     for arch in ARCHITECTURES.values():
@@ -289,6 +302,44 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
             raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
 
 
+# the train settings of the evaluations during training, now in each evaluation's own section
+MOVED_TRAIN_KEYS = {
+    "eval_every": "eval.hellaswag.during_training.every",
+    "eval_items": "eval.hellaswag.during_training.items",
+    "eval_tasks": "eval.suite.during_training.tasks",
+    "eval_task_items": "eval.suite.during_training.items",
+}
+
+
+def refuse_moved_keys(config: dict[str, Any]) -> None:
+    """A run's old `train.eval_*` key: one line naming the key that replaced it."""
+    for name, r in (config.get("runs") or {}).items():
+        train = r.get("train") if isinstance(r, dict) else None
+        for key in train if isinstance(train, dict) else ():
+            if key in MOVED_TRAIN_KEYS:
+                raise ConfigError(
+                    f"runs.{name}.train.{key}: moved to runs.{name}.{MOVED_TRAIN_KEYS[key]}"
+                )
+
+
+def check_evals(config: dict[str, Any], name: str, rc: Any) -> None:
+    """A run's HellaSwag file is one of `hellaswag:`; the suite during training has tasks."""
+    where = f"runs.{name}.eval"
+    hellaswag = rc.eval["hellaswag"].file
+    if hellaswag not in config["hellaswag"]:
+        raise ConfigError(
+            f"{where}.hellaswag.file: unknown HellaSwag file {hellaswag!r}"
+            f"{did_you_mean(hellaswag, config['hellaswag'])}"
+        )
+    suite = rc.eval["suite"]
+    during = suite.during_training
+    if during.every and not (during.tasks or suite.tasks):
+        raise ConfigError(
+            f"{where}.suite.during_training: every is {during.every} but there are no tasks:"
+            " set during_training.tasks (or the section's tasks)"
+        )
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     for name, d in config["datasets"].items():
@@ -343,17 +394,7 @@ def check_config(config: dict[str, Any]) -> None:
                 f"{where}.train.schedule: warmup_steps {sched.warmup_steps} + cooldown_steps"
                 f" {sched.cooldown_steps} exceed max_steps {rc.train.max_steps}"
             )
-        if rc.train.eval_tasks and not rc.train.eval_every:
-            raise ConfigError(
-                f"{where}.train.eval_tasks: scored at the steps of HellaSwag during training,"
-                " but train.eval_every is 0: set eval_every (or drop eval_tasks)"
-            )
-        hellaswag = rc.eval["hellaswag"].file
-        if hellaswag not in config["hellaswag"]:
-            raise ConfigError(
-                f"{where}.eval.hellaswag.file: unknown HellaSwag file {hellaswag!r}"
-                f"{did_you_mean(hellaswag, config['hellaswag'])}"
-            )
+        check_evals(config, name, rc)
     for name, rep in config["reports"].items():
         for run in rep["runs"]:
             if run not in config["runs"]:

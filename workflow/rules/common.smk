@@ -109,19 +109,18 @@ def get_report_inputs(wildcards):
 
 def get_train_inputs(wildcards):
     """The data (token shards, or a fine-tuning run's conversations); for fine-tuning, the
-    starting weights: the base run's final checkpoint or a Hugging Face folder; with
-    train.eval_every, the HellaSwag items of the run's eval.hellaswag.file; with
-    train.eval_tasks, the suite's data (the evaluate rule's `suite` input)."""
+    starting weights: the base run's final checkpoint or a Hugging Face folder; and the files
+    the evaluations during training read, by kind, as their evaluate jobs get them
+    (lmpipe.config.in_training: those whose section's during_training is on)."""
     run = get_run(wildcards)
     if not run.fine_tuning:
         inputs = {"data": LAYOUT.tokens_manifest(run.dataset)}
     else:
         base = LAYOUT.final_checkpoint(run.base.run) if run.base.run else run.base.hf
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
-    if run.train.eval_every > 0:
-        inputs["hellaswag"] = config["hellaswag"][run.eval["hellaswag"].file]
-    if run.train.eval_tasks:
-        inputs["suite"] = LAYOUT.suite_manifest()
+    for name in lmconfig.in_training(run):
+        for kind in EVALUATIONS[name].inputs:
+            inputs[kind] = eval_input(kind, wildcards)
     return inputs
 
 
@@ -129,16 +128,13 @@ def get_init_arg(wildcards, input):
     return f"--init {shlex.quote(input.init)}" if "init" in input.keys() else ""
 
 
-def get_hellaswag_arg(wildcards, input):
-    """HellaSwag during training: its items file, when train.eval_every asks for it."""
-    keys = input.keys()
-    return f"--hellaswag {shlex.quote(input.hellaswag)}" if "hellaswag" in keys else ""
-
-
-def get_suite_arg(wildcards, input):
-    """The suite tasks during training (train.eval_tasks): the suite's data manifest."""
-    keys = input.keys()
-    return f"--suite {shlex.quote(input.suite)}" if "suite" in keys else ""
+def get_train_eval_input_args(wildcards, input):
+    """`--eval-input kind=path ...`: the inputs of the evaluations during training."""
+    return " ".join(
+        "--eval-input " + shlex.quote(f"{kind}={path}")
+        for kind, path in input.items()
+        if kind not in ("data", "init")
+    )
 
 
 def get_wandb_arg(wildcards, input):
@@ -198,8 +194,8 @@ def get_train_signal(wildcards):
 # ---- evaluate (evaluate.smk): one rule, an evaluation a job ----
 
 
-def get_eval_inputs(wildcards):
-    """The converted model and the files the evaluation reads, by kind (lmpipe.registry)."""
+def eval_input(kind, wildcards):
+    """The file of a kind an evaluation of the run reads (lmpipe.registry's `inputs`)."""
     run = get_run(wildcards)
     files = {
         "tokens": lambda: LAYOUT.tokens_manifest(get_dataset_of_run(wildcards)),
@@ -209,9 +205,14 @@ def get_eval_inputs(wildcards):
             lmconfig.chat_dataset(config, wildcards.run)
         ),
     }
+    return files[kind]()
+
+
+def get_eval_inputs(wildcards):
+    """The converted model and the files the evaluation reads, by kind (lmpipe.registry)."""
     inputs = {"model": LAYOUT.hf_dir(wildcards.run)}
     for kind in EVALUATIONS[wildcards.eval].inputs:
-        inputs[kind] = files[kind]()
+        inputs[kind] = eval_input(kind, wildcards)
     return inputs
 
 
