@@ -1,7 +1,7 @@
 """Start torchrun for a run, the way its `launch:` settings say, and pass signals to the workers.
 
-    python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--eval-input KIND=PATH ...]
-        [--wandb JSON] [--worker MODULE]
+    python -m lmpipe.train --config-json J --data M --out DIR [--init P]
+        [--eval-input KIND=PATH ...] [--wandb JSON] [--worker MODULE]
 
 (the train rule). The worker is a module torchrun runs on every rank: `lmpipe.train.pretrain` by
 default, `lmpipe.chat.finetune` for a fine-tuning run; both run lmpipe.train.loop.
