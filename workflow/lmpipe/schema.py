@@ -340,8 +340,8 @@ def check_evals(config: dict[str, Any], name: str, rc: Any) -> None:
         )
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Checks across fields and sections; each error names the YAML path and the value."""
+def check_datasets(config: dict[str, Any]) -> None:
+    """A dataset's source has what it needs: a path, a repo (and a text dataset's subset)."""
     for name, d in config["datasets"].items():
         where = f"datasets.{name}"
         if d["source"] == "local" and not d.get("path"):
@@ -352,6 +352,11 @@ def check_config(config: dict[str, Any]) -> None:
             continue
         if d["source"] == "huggingface" and not (d.get("repo") and d.get("name")):
             raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Checks across fields and sections; each error names the YAML path and the value."""
+    check_datasets(config)
     for name, m in config["models"].items():
         if m["n_embd"] % m["n_head"]:
             raise ConfigError(

@@ -484,7 +484,7 @@ def worker_main(
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
     parser.add_argument(
         "--eval-input", action="append", default=[], type=eval_input, metavar="KIND=PATH",
-        help="a file the evaluations during training read, by kind (hellaswag=items.jsonl)",
+        help="a file the evaluations during training read, by kind (an Evaluation's inputs)",
     )  # fmt: skip
     parser.add_argument(
         "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
