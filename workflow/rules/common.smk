@@ -130,11 +130,10 @@ def get_init_arg(wildcards, input):
 
 def get_train_eval_input_args(wildcards, input):
     """`--eval-input kind=path ...`: the inputs of the evaluations during training."""
-    return " ".join(
-        "--eval-input " + shlex.quote(f"{kind}={path}")
-        for kind, path in input.items()
-        if kind not in ("data", "init")
-    )
+    pairs = [
+        f"{kind}={path}" for kind, path in input.items() if kind not in ("data", "init")
+    ]
+    return " ".join(f"--eval-input {shlex.quote(pair)}" for pair in pairs)
 
 
 def get_wandb_arg(wildcards, input):
