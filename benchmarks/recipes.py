@@ -70,8 +70,8 @@ def job_of(
     `val_every` steps, no other evaluation during training, no periodic checkpoints."""
     job = json.loads(lmconfig.train_params(config, run))
     train = job["train"]
-    train.update(seed=seed, val_every=val_every, eval_every=0, checkpoint_every=0)
-    train.pop("eval_tasks", None), train.pop("eval_task_items", None)
+    train.update(seed=seed, val_every=val_every, checkpoint_every=0)
+    job.pop("during_training", None)
     if model:
         job["model"].update(model)
     if optimizer:

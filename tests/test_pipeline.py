@@ -196,6 +196,16 @@ def test_hellaswag_items_reruns_the_hellaswag_evaluations_only(built: Path) -> N
     assert planned_jobs(built, config) == expected
 
 
+def test_a_schedule_during_training_reruns_that_training(built: Path) -> None:
+    """eval.hellaswag.during_training of embedded-b: its train job (which resumes its
+    checkpoint: the trajectory's hash leaves the schedule out) and what follows it; not its
+    offline HellaSwag settings' own change, which the test above holds to the evaluations."""
+    config = base_config(built)
+    config["runs"]["embedded-b"]["eval"]["hellaswag"]["during_training"]["every"] = 4
+    expected = jobs_of(config, "embedded-b", retrained=True) | {("report", REPORT)}
+    assert planned_jobs(built, config) == expected
+
+
 def test_dataset_setting_reruns_everything_downstream(built: Path) -> None:
     """Re-sharding the text: tokenize, then every run trained or measured on it; not download,
     nor the chat data (its own dataset)."""

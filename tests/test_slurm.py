@@ -489,7 +489,8 @@ def test_sbatch_line_of_the_124m_train_job_follows_the_config(workdir, cluster):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("{}")
         time.sleep(0.01)
-    # and the HellaSwag file its in-training evaluation reads (train.eval_every), never fetched
+    # and the HellaSwag file it scores during training (eval.hellaswag.during_training), never
+    # fetched
     hellaswag = workdir / "results/data/hellaswag/hellaswag_val.jsonl"
     hellaswag.parent.mkdir(parents=True, exist_ok=True)
     hellaswag.write_text((REPO / "resources/hellaswag_val_sample.jsonl").read_text())

@@ -1,6 +1,8 @@
-"""HellaSwag during training (train.eval_every): the score of the model as it trains, shared out
-over FSDP ranks, equals lmpipe.eval.hellaswag's of the same weights in one process; it never
-changes the trajectory, and a run resumes across a change of it.
+"""Evaluations during training (a section's `during_training`, lmpipe.train.evaluators), with
+HellaSwag as the example: the score of the model as it trains, shared out over FSDP ranks, equals
+lmpipe.eval.hellaswag's of the same weights in one process; it never changes the trajectory, and
+a run resumes across a change of it. The loop calls the evaluators it is handed (a toy one here)
+and names none; the old train.eval_* keys are refused naming the new ones.
 
 Real FSDP2 on gloo (2 CPU ranks), real HellaSwag items (resources/hellaswag_val_sample.jsonl),
 real FineWeb shards (test_train's tiny GPT-2 and runs).
@@ -10,26 +12,38 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
 from test_train import MODEL, command, config, load_final, losses, manifest, metrics, run
 
 from conftest import CONFIG_FILE, RESOURCES, kill_at_checkpoint, run_ranks_or_fail
-from lmpipe.config import TrainJob
+from lmpipe.config import ConfigError, TrainJob
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval.hellaswag import NUM_ENDINGS as ENDINGS
 from lmpipe.eval.hellaswag import load_items as load_hellaswag
 from lmpipe.paths import TOKENIZER_DIR
-from lmpipe.train.hellaswag import hellaswag_correct, hellaswag_share
-from lmpipe.train.loop import NOT_TRAJECTORY, Task, trajectory_hash
+from lmpipe.train.evaluators import count_right, hellaswag_task, share_of
+from lmpipe.train.loop import Task, trajectory_hash
 
 __all__ = ["manifest"]  # test_train's fixture, used here
 
 HELLASWAG = RESOURCES / "hellaswag_val_sample.jsonl"
+
+
+def with_evals(cfg: dict, **evals: dict) -> dict:
+    """A train job (test_train.config) with evaluations during training, as the train params
+    carry them (lmpipe.config.in_training): name -> its settings."""
+    return cfg | {"during_training": evals}
+
+
+def hellaswag_settings(every: int, items: int) -> dict:
+    return {"every": every, "items": items, "file": "embedded"}
 
 
 # ---- pure parts --------------------------------------------------------------------------------
@@ -38,23 +52,26 @@ HELLASWAG = RESOURCES / "hellaswag_val_sample.jsonl"
 def test_every_item_is_scored_once_and_every_rank_runs_as_many_rows():
     items = load_hellaswag(HELLASWAG, 9)
     assert len(items) == 9 and load_hellaswag(HELLASWAG, 10**6)[8] == items[8]
-    shares = [hellaswag_share(items, rank, 4) for rank in range(4)]  # 3, 2, 2, 2 items
+    task = hellaswag_task(HELLASWAG, 9)
+    shares = [share_of(task, rank, 4) for rank in range(4)]  # 3, 2, 2, 2 items
     assert {len(s.rows) for s in shares} == {3 * ENDINGS}  # padded: the same forward passes
-    assert [s.labels.count(-1) for s in shares] == [0, 1, 1, 1]
+    assert [s.counted.count(False) for s in shares] == [0, 1, 1, 1]
     assert all(s.total == 9 for s in shares)
     counted = sorted(
-        (label, str(row))
+        (item.gold, str(item.rows[0]))
         for s in shares
-        for label, row in zip(s.labels, s.rows[::ENDINGS], strict=True)
-        if label >= 0
+        for item, c in zip(s.items, s.counted, strict=True)
+        if c
     )
-    whole = hellaswag_share(items, 0, 1)  # one rank: every item, in order, no padding
-    assert whole.labels == [item["label"] for item in items] and len(whole.rows) == 9 * ENDINGS
-    assert counted == sorted(zip(whole.labels, map(str, whole.rows[::ENDINGS]), strict=True))
-    # llm.c's rows: the context's tokens, then those of " " + ending
+    whole = share_of(task, 0, 1)  # one rank: every item, in order, no padding
+    assert [it.gold for it in whole.items] == [item["label"] for item in items]
+    assert len(whole.rows) == 9 * ENDINGS and all(whole.counted)
+    assert counted == sorted((it.gold, str(it.rows[0])) for it in whole.items)
+    # llm.c's rows: the context's tokens, then those of " " + ending; acc_norm by its tokens
     ctx, ending = whole.rows[3]
     assert ctx[:4] == [32, 582, 318, 5586]  # "A man is sitting"
     assert ending == gpt2_encoding(TOKENIZER_DIR).encode_ordinary(" " + items[0]["endings"][3])
+    assert whole.items[0].divisors[3] == len(ending)
 
 
 def test_a_malformed_file_names_its_line(tmp_path):
@@ -66,13 +83,40 @@ def test_a_malformed_file_names_its_line(tmp_path):
 
 
 def test_eval_settings_never_change_the_trajectory_hash():
-    assert {"eval_every", "eval_items"} <= set(NOT_TRAJECTORY)
     hashes = set()
     for every, items in ((0, 10042), (4, 100), (250, 10042)):
-        job = TrainJob.from_json(json.dumps(config(2, eval_every=every, eval_items=items)))
+        evals = {"hellaswag": hellaswag_settings(every, items)} if every else {}
+        job = TrainJob.from_json(json.dumps(with_evals(config(2), **evals)))
+        assert job.during_training == evals
         task = Task(train=job.train, loader=None, val_batches=[], data_identity=["x"])
         hashes.add(trajectory_hash(job, task, 2))
     assert len(hashes) == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "new"),
+    [
+        ("eval_every", "eval.hellaswag.during_training.every"),
+        ("eval_items", "eval.hellaswag.during_training.items"),
+        ("eval_tasks", "eval.suite.during_training.tasks"),
+        ("eval_task_items", "eval.suite.during_training.items"),
+    ],
+)
+def test_the_old_train_keys_are_refused_naming_the_new_one(key, new):
+    from lmpipe import schema
+
+    raw = yaml.safe_load(CONFIG_FILE.read_text())
+    raw["runs"]["embedded-a"]["train"][key] = 8
+    with pytest.raises(ConfigError) as e:
+        schema.validate(raw)
+    assert str(e.value) == f"runs.embedded-a.train.{key}: moved to runs.embedded-a.{new}"
+
+
+def test_the_loop_names_no_evaluation():
+    from lmpipe.train import loop
+
+    source = Path(loop.__file__).read_text()
+    assert not re.search(r"hellaswag|suite", source, re.IGNORECASE)
 
 
 def test_the_cost_estimate_of_the_shipped_gpu_runs_is_under_3_percent():
@@ -86,8 +130,8 @@ def test_the_cost_estimate_of_the_shipped_gpu_runs_is_under_3_percent():
         cost = plan.in_training_eval(config_, run_name, None)
         assert cost is not None and 0.005 < cost.share < 0.03, (run_name, cost)
         job = plan.train_job(config_, run_name, None)
-        assert "HellaSwag every" in job.basis
-    assert plan.in_training_eval(config_, "embedded-a-chat", None) is None  # eval_every 0
+        assert "during training hellaswag every" in job.basis
+    assert plan.in_training_eval(config_, "embedded-a-chat", None) is None  # none during it
 
 
 def test_the_figure_shows_runs_with_in_training_evals_only():
@@ -119,7 +163,7 @@ def score_on_ranks(rank: int, world_size: int, port: int, items_n: int, out: str
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        share = hellaswag_share(load_hellaswag(HELLASWAG, items_n), rank, world_size)
+        share = share_of(hellaswag_task(HELLASWAG, items_n), rank, world_size)
         x = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(rank))
         result = {}
         for reshard in (False, True):
@@ -129,7 +173,8 @@ def score_on_ranks(rank: int, world_size: int, port: int, items_n: int, out: str
             counts = []
             for _ in range(2):
                 model(x[:, :-1], x[:, 1:])[1].backward()  # no optimizer step: the same weights
-                counts.append(hellaswag_correct(model, share, 2, torch.device("cpu")))
+                right = count_right(model, share, 2 * ENDINGS, torch.device("cpu"))
+                counts.append([right["acc_norm"], right["acc"]])
             result[str(reshard)] = {"counts": counts, "training": model.training}
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
@@ -176,7 +221,7 @@ def hellaswag_rows(out: Path) -> list[dict]:
 
 def run_with_hellaswag(cfg: dict, manifest: Path, out: Path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = command(cfg, manifest, out) + ["--hellaswag", str(HELLASWAG)]
+    cmd = command(cfg, manifest, out) + ["--eval-input", f"hellaswag={HELLASWAG}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"training failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -184,16 +229,17 @@ def run_with_hellaswag(cfg: dict, manifest: Path, out: Path):
 
 @pytest.mark.slow
 def test_in_training_hellaswag_on_two_ranks(manifest, tmp_path):
-    """Records at steps 0, 4 and 8 (eval_every 4, the last); the last one's counts equal those of
+    """Records at steps 0, 4 and 8 (every 4, the last); the last one's counts equal those of
     lmpipe.eval.hellaswag on the final weights in one process; the losses equal a run killed at
-    its step-4 checkpoint without evals and resumed with other evals (eval_every 0 -> 3)."""
+    its step-4 checkpoint without evals and resumed with other evals (every 0 -> 3)."""
     from lmpipe.eval.hellaswag import load_items, task_data
     from lmpipe.eval.suite.native import score_task
     from lmpipe.models.gpt2.model import GPT, GPTConfig
 
     items = 21  # 11 and 10 a rank
     evaluated = tmp_path / "evaluated"
-    proc = run_with_hellaswag(config(2, eval_every=4, eval_items=items), manifest, evaluated)
+    cfg = with_evals(config(2), hellaswag=hellaswag_settings(4, items))
+    proc = run_with_hellaswag(cfg, manifest, evaluated)
     rows = hellaswag_rows(evaluated)
     assert [r["step"] for r in rows] == [0, 4, 8]
     assert [r["tokens"] for r in rows] == [0, 4 * 256, 8 * 256]
@@ -209,11 +255,12 @@ def test_in_training_hellaswag_on_two_ranks(manifest, tmp_path):
     assert rows[-1]["hellaswag"] == pytest.approx(sum(one.acc_norm) / items, abs=1e-12)
     assert rows[-1]["hellaswag_acc"] == pytest.approx(sum(one.acc) / items, abs=1e-12)
 
-    # no evals up to a SIGKILL at the step-4 checkpoint; resumed with eval_every 3
+    # no evals up to a SIGKILL at the step-4 checkpoint; resumed with every 3
     resumed = tmp_path / "resumed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     kill_at_checkpoint(command(config(2), manifest, resumed), env, resumed, step=4)
-    restart = run_with_hellaswag(config(2, eval_every=3, eval_items=items), manifest, resumed)
+    cfg = with_evals(config(2), hellaswag=hellaswag_settings(3, items))
+    restart = run_with_hellaswag(cfg, manifest, resumed)
     assert "resumed from" in restart.stderr and "step_000004" in restart.stderr
     assert [r["step"] for r in hellaswag_rows(resumed)] == [6, 8]
     assert losses(resumed) == losses(evaluated)  # exactly: the evals changed nothing
@@ -224,11 +271,82 @@ def test_in_training_hellaswag_on_two_ranks(manifest, tmp_path):
         rows[-1]["hellaswag_acc"],
     )
     meta = json.loads((resumed / "final" / "meta.json").read_text())
-    assert meta["train"]["eval_every"] == 3 and meta["eval_s"] > 0
+    assert meta["during_training"]["hellaswag"]["every"] == 3
+    assert 0 < meta["evals_s"]["hellaswag"] <= meta["eval_s"]
 
 
 @pytest.mark.slow
-def test_eval_every_without_the_items_file_stops_before_training(manifest, tmp_path):
-    proc = run(config(1, eval_every=4), manifest, tmp_path / "run", check=False)
+def test_an_evaluation_without_its_input_stops_before_training(manifest, tmp_path):
+    cfg = with_evals(config(1), hellaswag=hellaswag_settings(4, 9))
+    proc = run(cfg, manifest, tmp_path / "run", check=False)
     assert proc.returncode != 0
-    assert "train.eval_every is 4: HellaSwag during training needs its items file" in proc.stderr
+    assert (
+        "runs.test.eval.hellaswag.during_training.every is 4: hellaswag during training needs its"
+        " hellaswag input (--eval-input hellaswag=PATH)"
+    ) in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# ---- the loop and an evaluator it is handed ----------------------------------------------------
+
+
+class ToyEvaluator:
+    """An evaluation of another kind: counts its calls, scores the step."""
+
+    name = "toy"
+
+    def __init__(self, every: int) -> None:
+        self.every, self.calls = every, []
+
+    def due(self, step: int, max_steps: int) -> bool:
+        return step % self.every == 0 or step == max_steps
+
+    def __call__(self, model: torch.nn.Module, step: int):
+        from lmpipe.train.evaluators import Scores
+
+        self.calls.append(step)
+        total = torch.tensor(float(step))
+        dist.all_reduce(total)  # a collective, as a real evaluator's
+        return Scores({"toy": total.item(), "toy_calls": len(self.calls)}, [f"toy {step}"])
+
+
+def train_with_toy(rank: int, world_size: int, port: int, manifest: str, out: str) -> None:
+    """A rank of the pretraining worker's task through the loop, with the toy evaluator."""
+    from lmpipe.train.loop import StopFlag, run
+    from lmpipe.train.parallel import init_distributed
+    from lmpipe.train.pretrain import pretraining
+
+    os.environ |= {
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+    }  # fmt: skip
+    torch.set_num_threads(1)
+    job = TrainJob.from_json(json.dumps(config(world_size, max_steps=7, checkpoint_every=0)))
+    d = init_distributed("cpu")
+    try:
+        toy = ToyEvaluator(every=3)
+        task = pretraining(job, Path(manifest), d, None)
+        assert run(job, task, Path(out), d, StopFlag(), evaluators=[toy]) == 0
+        Path(out, f"calls{rank}.json").write_text(json.dumps(toy.calls))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_loop_calls_the_evaluators_it_is_given_at_their_steps(manifest, tmp_path):
+    """Steps 0, 3, 6 and the last (7) on both ranks: a metrics line each, the loop's own keys
+    (step, tokens, eval_s, wall_s) around the evaluator's; its seconds in meta.json by name."""
+    port = 29000 + (os.getpid() + 250) % 1000
+    run_ranks_or_fail(train_with_toy, (2, port, str(manifest), str(tmp_path)), nprocs=2)
+    assert [json.loads((tmp_path / f"calls{r}.json").read_text()) for r in range(2)] == [
+        [0, 3, 6, 7],
+        [0, 3, 6, 7],
+    ]
+    lines = [m for m in metrics(tmp_path) if "toy" in m]
+    assert [(m["step"], m["toy"], m["toy_calls"]) for m in lines] == [
+        (0, 0, 1), (3, 6, 2), (6, 12, 3), (7, 14, 4),
+    ]  # fmt: skip
+    assert all(list(m) == ["step", "tokens", "toy", "toy_calls", "eval_s", "wall_s"] for m in lines)
+    meta = json.loads((tmp_path / "final" / "meta.json").read_text())
+    assert meta["evals_s"]["toy"] == pytest.approx(sum(m["eval_s"] for m in lines))
+    assert meta["eval_s"] == pytest.approx(meta["evals_s"]["toy"])

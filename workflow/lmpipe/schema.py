@@ -37,7 +37,6 @@ from lmpipe.config import (
     optimizer_settings,
     run_config,
 )
-from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.paths import SCHEMA
 from lmpipe.registry import ARCHITECTURES
 
@@ -87,6 +86,7 @@ def validate(config: dict[str, Any]) -> None:
 def _validate(config: dict[str, Any]) -> None:
     from snakemake.utils import validate as snakemake_validate
 
+    refuse_moved_keys(config)
     try:
         snakemake_validate(config, str(SCHEMA))
     except Exception as e:
@@ -101,17 +101,11 @@ def _validate(config: dict[str, Any]) -> None:
 def validate_registry_sections(config: dict[str, Any]) -> None:
     """What the schema cannot say of the registry's parts: a model's arch and its keys (which
     ones are allowed depends on the arch: lmpipe.config.model_config, the one check of them), an
-    optimizer by name (the error lists the known ones), the suite's tasks by name."""
+    optimizer by name (the error lists the known ones)."""
     for name, m in config["models"].items():
         model_config(m, f"models.{name}")
     for name, r in config["runs"].items():
         optimizer_settings(r["train"]["optimizer"], f"runs.{name}.train.optimizer")
-        for task in r["train"].get("eval_tasks", []):
-            if task not in SUITE_TASKS:
-                raise ConfigError(
-                    f"runs.{name}.train.eval_tasks: unknown suite task {task!r}"
-                    f"{did_you_mean(task, SUITE_TASKS)} (known: {', '.join(SUITE_TASKS)})"
-                )
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -180,8 +174,46 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
             raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Checks across fields and sections; each error names the YAML path and the value."""
+# the train settings of the evaluations during training, now in each evaluation's own section
+MOVED_TRAIN_KEYS = {
+    "eval_every": "eval.hellaswag.during_training.every",
+    "eval_items": "eval.hellaswag.during_training.items",
+    "eval_tasks": "eval.suite.during_training.tasks",
+    "eval_task_items": "eval.suite.during_training.items",
+}
+
+
+def refuse_moved_keys(config: dict[str, Any]) -> None:
+    """A run's old `train.eval_*` key: one line naming the key that replaced it."""
+    for name, r in (config.get("runs") or {}).items():
+        train = r.get("train") if isinstance(r, dict) else None
+        for key in train if isinstance(train, dict) else ():
+            if key in MOVED_TRAIN_KEYS:
+                raise ConfigError(
+                    f"runs.{name}.train.{key}: moved to runs.{name}.{MOVED_TRAIN_KEYS[key]}"
+                )
+
+
+def check_evals(config: dict[str, Any], name: str, rc: Any) -> None:
+    """A run's HellaSwag file is one of `hellaswag:`; the suite during training has tasks."""
+    where = f"runs.{name}.eval"
+    hellaswag = rc.eval["hellaswag"].file
+    if hellaswag not in config["hellaswag"]:
+        raise ConfigError(
+            f"{where}.hellaswag.file: unknown HellaSwag file {hellaswag!r}"
+            f"{did_you_mean(hellaswag, config['hellaswag'])}"
+        )
+    suite = rc.eval["suite"]
+    during = suite.during_training
+    if during.every and not (during.tasks or suite.tasks):
+        raise ConfigError(
+            f"{where}.suite.during_training: every is {during.every} but there are no tasks:"
+            " set during_training.tasks (or the section's tasks)"
+        )
+
+
+def check_datasets(config: dict[str, Any]) -> None:
+    """A dataset's source has what it needs: a path, a repo (and a text dataset's subset)."""
     for name, d in config["datasets"].items():
         where = f"datasets.{name}"
         if d["source"] == "local" and not d.get("path"):
@@ -192,6 +224,11 @@ def check_config(config: dict[str, Any]) -> None:
             continue
         if d["source"] == "huggingface" and not (d.get("repo") and d.get("name")):
             raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Checks across fields and sections; each error names the YAML path and the value."""
+    check_datasets(config)
     for name, m in config["models"].items():
         if m["n_embd"] % m["n_head"]:
             raise ConfigError(
@@ -234,17 +271,7 @@ def check_config(config: dict[str, Any]) -> None:
                 f"{where}.train.schedule: warmup_steps {sched.warmup_steps} + cooldown_steps"
                 f" {sched.cooldown_steps} exceed max_steps {rc.train.max_steps}"
             )
-        if rc.train.eval_tasks and not rc.train.eval_every:
-            raise ConfigError(
-                f"{where}.train.eval_tasks: scored at the steps of HellaSwag during training,"
-                " but train.eval_every is 0: set eval_every (or drop eval_tasks)"
-            )
-        hellaswag = rc.eval["hellaswag"].file
-        if hellaswag not in config["hellaswag"]:
-            raise ConfigError(
-                f"{where}.eval.hellaswag.file: unknown HellaSwag file {hellaswag!r}"
-                f"{did_you_mean(hellaswag, config['hellaswag'])}"
-            )
+        check_evals(config, name, rc)
     for name, rep in config["reports"].items():
         for run in rep["runs"]:
             if run not in config["runs"]:

@@ -99,19 +99,18 @@ def get_report_inputs(wildcards):
 
 def get_train_inputs(wildcards):
     """The data (token shards, or a fine-tuning run's conversations); for fine-tuning, the
-    starting weights: the base run's final checkpoint or a Hugging Face folder; with
-    train.eval_every, the HellaSwag items of the run's eval.hellaswag.file; with
-    train.eval_tasks, the suite's data (the evaluate rule's `suite` input)."""
+    starting weights: the base run's final checkpoint or a Hugging Face folder; and the files
+    the evaluations during training read, by kind, as their evaluate jobs get them
+    (lmpipe.config.in_training: those whose section's during_training is on)."""
     run = get_run(wildcards)
     if not run.fine_tuning:
         inputs = {"data": LAYOUT.tokens_manifest(run.dataset)}
     else:
         base = LAYOUT.final_checkpoint(run.base.run) if run.base.run else run.base.hf
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
-    if run.train.eval_every > 0:
-        inputs["hellaswag"] = config["hellaswag"][run.eval["hellaswag"].file]
-    if run.train.eval_tasks:
-        inputs["suite"] = LAYOUT.suite_manifest()
+    for name in lmconfig.in_training(run):
+        for kind in EVALUATIONS[name].inputs:
+            inputs[kind] = lmconfig.INPUT_FILES[kind](config, wildcards.run)
     return inputs
 
 
@@ -119,16 +118,12 @@ def get_init_arg(wildcards, input):
     return f"--init {shlex.quote(input.init)}" if "init" in input.keys() else ""
 
 
-def get_hellaswag_arg(wildcards, input):
-    """HellaSwag during training: its items file, when train.eval_every asks for it."""
-    keys = input.keys()
-    return f"--hellaswag {shlex.quote(input.hellaswag)}" if "hellaswag" in keys else ""
-
-
-def get_suite_arg(wildcards, input):
-    """The suite tasks during training (train.eval_tasks): the suite's data manifest."""
-    keys = input.keys()
-    return f"--suite {shlex.quote(input.suite)}" if "suite" in keys else ""
+def get_train_eval_input_args(wildcards, input):
+    """`--eval-input kind=path ...`: the inputs of the evaluations during training."""
+    pairs = [
+        f"{kind}={path}" for kind, path in input.items() if kind not in ("data", "init")
+    ]
+    return " ".join(f"--eval-input {shlex.quote(pair)}" for pair in pairs)
 
 
 def get_wandb_arg(wildcards, input):

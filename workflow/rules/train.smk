@@ -42,15 +42,14 @@ rule train:
             else "lmpipe.train.pretrain"
         ),
         init=get_init_arg,
-        hellaswag=get_hellaswag_arg,
-        suite=get_suite_arg,
+        evals=get_train_eval_input_args,  # the evaluations during training's files
         wandb=get_wandb_arg,  # not a trajectory setting: left out of the rerun check
         out=lambda wc: LAYOUT.train_dir(wc.run),
     # exec: the launcher replaces the shell, so a SIGTERM from SLURM (sent to every process of
     # the job step) reaches it and its workers without killing the shell between them first
     shell:
         "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg:q}"
-        " --data {input.data:q} {params.init} {params.hellaswag} {params.suite}"
+        " --data {input.data:q} {params.init} {params.evals}"
         " {params.wandb}"
         " --out {params.out:q}"
         " > {log} 2>&1"

@@ -170,7 +170,7 @@ def pack_size(block_size: int) -> int:
 def forward_plan(model: torch.nn.Module, rows: list[Row], batch_rows: int) -> list[list[Pack]]:
     """The rows packed for `model` and grouped into forward passes, as `score_rows` runs them.
     A caller that scores the same rows again (an eval during training) keeps it; its length is
-    the forwards that FSDP ranks must equal (train.hellaswag.as_many_forwards_as_any_rank)."""
+    the forwards that FSDP ranks must equal (train.evaluators.as_many_forwards_as_any_rank)."""
     block_size = model.config.block_size
     packs = pack_rows(rows, pack_size(block_size), block_size)
     return forward_batches(packs, batch_rows)

@@ -170,10 +170,11 @@ def hellaswag_references() -> list[tuple[str, float]]:
 
 
 def hellaswag_figure(runs: list[Run]) -> str | None:
-    """HellaSwag acc_norm measured during training (train.eval_every) against tokens, a line a
-    run that has any, with GPT-2 124M's and GPT-3 Small's; None (no figure) when no run has.
-    A band: the 95% interval of a score on so few items (binomial, normal approximation), which
-    on the CPU demo's tens of items is wider than anything the tiny models learn."""
+    """HellaSwag acc_norm measured during training (eval.hellaswag.during_training) against
+    tokens, a line a run that has any, with GPT-2 124M's and GPT-3 Small's; None (no figure)
+    when no run has. A band: the 95% interval of a score on so few items (binomial, normal
+    approximation), which on the CPU demo's tens of items is wider than anything the tiny models
+    learn."""
     runs = [r for r in runs if r.hellaswag_curve]
     if not runs:
         return None
@@ -208,7 +209,7 @@ def suite_references(task: str) -> list[tuple[str, float]]:
 
 
 def suite_tasks_logged(runs: list[Run]) -> list[str]:
-    """The suite tasks any run scored during training (train.eval_tasks), registry order."""
+    """The suite tasks any run scored during training (its during_training), registry order."""
     logged = {key[len("suite/") :] for r in runs for row in r.suite_curve for key in row}
     return [t for t in SUITE_TASKS if t in logged]
 
@@ -224,10 +225,10 @@ def _headline(runs: list[Run], task: str) -> str:
 
 
 def suite_figure(runs: list[Run]) -> str | None:
-    """The suite tasks scored during training (train.eval_tasks) against tokens, one panel a
-    task, a line a run that scored it, as the HellaSwag figure (the 95% band of so few items),
-    with OPT-125M's and OPT-350M's published figures where lm-eval's table has the task and the
-    chance level (one over the choices); None when no run scored any."""
+    """The suite tasks scored during training (eval.suite.during_training) against tokens, one
+    panel a task, a line a run that scored it, as the HellaSwag figure (the 95% band of so few
+    items), with OPT-125M's and OPT-350M's published figures where lm-eval's table has the task
+    and the chance level (one over the choices); None when no run scored any."""
     tasks = suite_tasks_logged(runs)
     if not tasks:
         return None

@@ -34,7 +34,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_metrics(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """metrics.jsonl split into train, val, hellaswag and suite (the train.eval_tasks: keys
+    """metrics.jsonl split into train, val, hellaswag and suite (eval.suite.during_training: keys
     `suite/<task>`) lines, one per step, ordered by step.
 
     A resumed run logs again the steps after its last checkpoint: the later line wins. The last
@@ -72,7 +72,7 @@ class Run:
     train: list[dict[str, Any]] = field(default_factory=list)
     val: list[dict[str, Any]] = field(default_factory=list)
     hellaswag_curve: list[dict[str, Any]] = field(default_factory=list)
-    suite_curve: list[dict[str, Any]] = field(default_factory=list)  # train.eval_tasks' lines
+    suite_curve: list[dict[str, Any]] = field(default_factory=list)  # the suite during training
     provenance: dict[str, Any] | None = None
     meta: dict[str, Any] | None = None
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """Start torchrun for a run, the way its `launch:` settings say, and pass signals to the workers.
 
-    python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--hellaswag F] [--suite M]
-        [--wandb JSON] [--worker MODULE]
+    python -m lmpipe.train --config-json J --data M --out DIR [--init P]
+        [--eval-input KIND=PATH ...] [--wandb JSON] [--worker MODULE]
 
 (the train rule). The worker is a module torchrun runs on every rank: `lmpipe.train.pretrain` by
 default, `lmpipe.chat.finetune` for a fine-tuning run; both run lmpipe.train.loop.
@@ -202,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="the data's manifest.json")
     parser.add_argument("--out", type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
-    parser.add_argument("--hellaswag", type=Path, help="HellaSwag items (train.eval_every)")
-    parser.add_argument("--suite", type=Path, help="the suite's data manifest (train.eval_tasks)")
+    parser.add_argument(
+        "--eval-input", action="append", default=[], metavar="KIND=PATH",
+        help="a file an evaluation during training reads, by kind (passed on to the worker)",
+    )  # fmt: skip
     parser.add_argument("--worker", default=PRETRAIN_WORKER, help="the module torchrun runs")
     parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
     parser.add_argument(
@@ -235,10 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.init is not None:
         worker_args += ["--init", str(args.init)]
-    if args.hellaswag is not None:
-        worker_args += ["--hellaswag", str(args.hellaswag)]
-    if args.suite is not None:
-        worker_args += ["--suite", str(args.suite)]
+    for kind_path in args.eval_input:
+        worker_args += ["--eval-input", kind_path]
     if args.wandb:
         check_installed(job.run)
         worker_args += ["--wandb", args.wandb]

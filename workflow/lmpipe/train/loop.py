@@ -4,10 +4,10 @@ A worker (`torchrun -m lmpipe.train.pretrain`, or `lmpipe.chat.finetune`) builds
 loaders, the steps and schedule, the starting weights, which targets count) and calls `run`.
 The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens`, the optimizer of
 `train.optimizer` with the schedule's lr, gradient clipping, validation every `val_every` steps,
-HellaSwag every `eval_every` steps (llm.c's in-training eval) and, at the same steps, the suite
-tasks of `eval_tasks` (lmpipe.train.suite), a DCP checkpoint every
-`checkpoint_every` steps. A NaN/inf loss stops the run with an error;
-SIGUSR1/SIGTERM save a checkpoint and exit with EXIT_STOPPED, for a retry to resume.
+the evaluations during training it is handed, each when it says it is due (the loop names none:
+lmpipe.train.evaluators), a DCP checkpoint every `checkpoint_every` steps. A NaN/inf loss stops
+the run with an error; SIGUSR1/SIGTERM save a checkpoint and exit with EXIT_STOPPED, for a
+retry to resume.
 
 Writes under --out: `metrics.jsonl`, `attempts.jsonl` (each start and end: lmpipe.train.attempts),
 `tb/`, `provenance.json`, `checkpoints/step_NNNNNN/` (resumed automatically) and `final/` (the
@@ -39,25 +39,23 @@ from lmpipe import provenance
 from lmpipe.config import TrainConfig, TrainJob, WandbConfig, build, settings_hash
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
-from lmpipe.eval.hellaswag import load_items
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops
 from lmpipe.models import build_model
 from lmpipe.train.attempts import AttemptLog, short_error
 from lmpipe.train.checkpoint import Checkpointer, save_final
-from lmpipe.train.hellaswag import hellaswag_correct, hellaswag_share
+from lmpipe.train.evaluators import Evaluator, build_evaluators
 from lmpipe.train.metrics import Metrics, WandbRun
 from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
 from lmpipe.train.parallel import Dist, die_with_parent, init_distributed, local_numel, parallelize
-from lmpipe.train.suite import suite_shares, task_correct
 from lmpipe.train.wandb_log import run_config as wandb_config
 
 log = logging.getLogger("lmpipe.train")
 
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retry resumes
-# train settings that never change the trajectory (logging, evaluation and checkpointing only)
+# train settings that never change the trajectory (logging, evaluation and checkpointing only;
+# the evaluations during training are the job's `during_training`, never hashed either)
 NOT_TRAJECTORY = (
-    "val_every", "val_tokens", "eval_every", "eval_items", "eval_tasks", "eval_task_items",
-    "checkpoint_every", "keep_checkpoints", "checkpoint_async",
+    "val_every", "val_tokens", "checkpoint_every", "keep_checkpoints", "checkpoint_async",
 )  # fmt: skip
 
 
@@ -144,14 +142,16 @@ def check_compiler(job: TrainJob) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: list[Batch], device: torch.device) -> float:
-    """Mean validation loss over this rank's batches, averaged over ranks."""
+def evaluate(
+    model: torch.nn.Module, batches: list[Batch], device: torch.device, group: dist.ProcessGroup
+) -> float:
+    """Mean validation loss over this rank's batches, averaged over the data-parallel ranks."""
     total = torch.zeros((), device=device)
     for x, y in batches:
         _, loss = model(x.to(device), y.to(device))
         total += loss
-    dist.all_reduce(total)  # SUM (gloo has no AVG)
-    return total.item() / (len(batches) * dist.get_world_size())  # host sync
+    dist.all_reduce(total, group=group)  # SUM (gloo has no AVG)
+    return total.item() / (len(batches) * dist.get_world_size(group))  # host sync
 
 
 def write_provenance(
@@ -179,6 +179,254 @@ def write_provenance(
         (out / "provenance.json").write_text(json.dumps(prov, indent=1))
 
 
+@dataclass
+class Progress:
+    """Where the run is, saved in each checkpoint beside the model and optimizer: the step, the
+    tokens, the wall time before this attempt, and the seconds each evaluation during training
+    took (`eval_s`: all of them; each evaluation's by name)."""
+
+    step: int = 0
+    tokens: int = 0
+    wall_before: float = 0.0
+    eval_s: float = 0.0
+    evals_s: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def wall_s(self) -> float:
+        return self.wall_before + time.time() - self.started
+
+    def state(self, loader: Prefetcher) -> dict[str, Any]:
+        """The train_state a checkpoint saves."""
+        return {
+            "tokens": self.tokens, "loader": loader.state_dict(), "wall_s": self.wall_s(),
+            "eval_s": self.eval_s, "evals_s": self.evals_s,
+        }  # fmt: skip
+
+    def resume(self, state: dict[str, Any]) -> None:
+        self.step, self.tokens, self.wall_before = state["step"], state["tokens"], state["wall_s"]
+        self.eval_s = state.get("eval_s", 0.0)  # seconds of the evals during training
+        self.evals_s = dict(state.get("evals_s", {}))  # by evaluation (absent in older ones)
+
+
+class Trainer:
+    """One attempt at a run's training: the model, its optimizer, data and logs, and the steps,
+    validations, evaluations and checkpoints `run` calls in turn."""
+
+    def __init__(
+        self, job: TrainJob, task: Task, out: Path, d: Dist, evaluators: list[Evaluator]
+    ) -> None:
+        tc = self.tc = task.train
+        self.job, self.task, self.out, self.d, self.evaluators = job, task, out, d, evaluators
+        self.accum = tc.grad_accum_steps(d.world_size)
+        self.digest = trajectory_hash(job, task, d.world_size)
+        self.peak = peak_flops(job, d.device)  # a device's FLOP/s, for MFU
+        if d.device.type == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32 matmuls
+            torch.backends.cudnn.allow_tf32 = True
+        self.model = self.build_model()
+        self.flops_per_token = self.model.flops_per_token(tc.seq_len)
+        self.head_flops_per_token = self.model.head_flops_per_token()
+        self.optimizer = build_optimizer(self.model, tc.optimizer)
+        self.peak_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.progress = Progress()
+        self.attempt = AttemptLog(out, d.is_main)
+        # batches are read ahead on a thread (pinned for the GPU: asynchronous copies); its
+        # position stays the loop's own, so checkpoints resume exactly
+        self.loader = Prefetcher(task.loader, pin=d.device.type == "cuda")
+
+    def build_model(self) -> torch.nn.Module:
+        """The model, sharded: the same seed on every rank gives the same full weights before
+        sharding; a task's starting weights are hashed into the settings."""
+        torch.manual_seed(self.tc.seed)
+        model = build_model(self.job.model)
+        model.head_on_counted_only = self.task.sparse_targets
+        model.padded_head_matmul = self.d.device.type == "cuda"  # aligned GEMMs (llm.c's)
+        if self.task.init is not None:  # e.g. fine-tuning: other bases' checkpoints never resume
+            self.digest = settings_hash([self.digest, self.task.init(model)])
+        tc = self.tc
+        return parallelize(model, self.d.device, tc.dtype, tc.compile, tc.fsdp, mesh=self.d.mesh)
+
+    def start(self, fresh_start: bool, wandb: WandbConfig | None) -> None:
+        """Resume from the newest checkpoint of these settings, if any; open the logs."""
+        tc, d = self.tc, self.d
+        self.ckpt = Checkpointer(
+            self.out / "checkpoints", self.digest, tc.checkpoint_every, tc.keep_checkpoints,
+            asynchronous=tc.checkpoint_async,
+        )  # fmt: skip
+        if fresh_start:
+            self.ckpt.retire_all()
+        resume = self.ckpt.find_resume()
+        if resume is not None:
+            state = self.ckpt.load(resume, self.model, self.optimizer)
+            self.loader.load_state_dict(state["loader"])
+            self.progress.resume(state)
+            log.info("resumed from %s (step %d, %d tokens)", resume, state["step"], state["tokens"])
+        w = (
+            WandbRun(wandb, self.job.run, self.digest, wandb_config(self.job, tc))
+            if wandb
+            else None
+        )
+        self.metrics = Metrics(self.out, self.progress.step, d.is_main, w)
+        self.attempt.start(self.progress.step, resume, d.world_size, self.digest, fresh_start)
+        write_provenance(self.job, self.model, d, self.digest, self.peak, self.out)
+        if d.is_main:
+            log.info(
+                "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step;"
+                " MFU against %.3g FLOP/s a device",
+                self.job.run, self.model.num_params(), d.world_size, self.accum, tc.micro_batch,
+                tc.seq_len, tc.batch_tokens, self.peak,
+            )  # fmt: skip
+        self.progress.started = time.time()
+
+    def say(self, text: str) -> None:
+        """A line of the log on rank 0, after the step: llm.c's format."""
+        if self.d.is_main:
+            print(f"step {self.progress.step:5d}/{self.tc.max_steps} | {text}", flush=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """A metrics line at the current step: `record` between step, tokens and wall_s."""
+        p = self.progress
+        self.metrics.write({"step": p.step, "tokens": p.tokens} | record | {"wall_s": p.wall_s()})
+
+    def validate(self) -> None:
+        val_loss = evaluate(self.model, self.task.val_batches, self.d.device, self.d.group)
+        self.write({"val_loss": val_loss})
+        self.say(f"val loss {val_loss:.4f}")
+
+    def evaluate(self) -> None:
+        """The evaluators due at this step, each a metrics line; their cost printed as a share
+        of the wall time so far."""
+        p, took = self.progress, {}
+        for evaluator in self.evaluators:
+            if not evaluator.due(p.step, self.tc.max_steps):
+                continue
+            t0 = time.time()
+            scores = evaluator(self.model, p.step)
+            took[evaluator.name] = time.time() - t0
+            self.write(scores.fields | {"eval_s": took[evaluator.name]})
+            for line in scores.lines:
+                self.say(line)
+        if not took:
+            return
+        for name, seconds in took.items():
+            p.eval_s += seconds
+            p.evals_s[name] = p.evals_s.get(name, 0.0) + seconds
+        now = " + ".join(f"{name} {s:.2f} s" for name, s in took.items())
+        each = ", ".join(f"{name} {s:.1f} s" for name, s in p.evals_s.items())
+        self.say(
+            f"evals {now}; all evals {p.eval_s:.1f} s ({each})"
+            f" = {p.eval_s / p.wall_s():.1%} of the wall time so far"
+        )
+
+    def train_step(self, stop: StopFlag) -> bool:
+        """One optimizer step (gradient accumulation to batch_tokens), logged; whether any rank
+        got a signal."""
+        tc, d, p = self.tc, self.d, self.progress
+        t0 = time.time()
+        for group, peak_lr in zip(self.optimizer.param_groups, self.peak_lrs, strict=True):
+            group["lr"] = lr_at(p.step, peak_lr, tc.schedule, tc.max_steps)
+        loss_accum = torch.zeros((), device=d.device)
+        counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
+        for _ in range(self.accum):
+            x, y = self.loader.next_batch()
+            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+            _, loss = self.model(x, y)
+            loss = loss / self.accum  # the gradient of the mean over the whole step
+            loss_accum += loss.detach()
+            if self.task.sparse_targets:
+                counted += (y != -1).sum()  # -1: the model's "does not count" target
+            loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
+        grad_norm = clip_grad_norm(self.model, tc.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        p.step += 1
+        p.tokens += tc.batch_tokens
+        # one all-reduce: the step's loss and counted tokens summed over ranks, and whether any
+        # rank got a signal (torch.full: a fill kernel, not a blocking copy from the host)
+        signalled = torch.full((), float(stop.signal is not None), device=d.device)
+        flags = torch.stack([loss_accum, signalled, counted])
+        dist.all_reduce(flags, group=d.group)
+        # the step's one host sync: every figure the step logs, in one copy (as llm.c)
+        loss_value, stop_requested, counted_tokens, norm = torch.cat(
+            [flags, grad_norm.reshape(1).to(flags.dtype)]
+        ).tolist()
+        self.log_step(loss_value / d.world_size, norm, counted_tokens, time.time() - t0)
+        return bool(stop_requested)
+
+    def log_step(self, loss: float, norm: float, counted_tokens: float, dt: float) -> None:
+        """The step's metrics line and llm.c's step line; a NaN/inf loss stops the run."""
+        tc, p = self.tc, self.progress
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"step {p.step}: the training loss is {loss}; stopping. The last good"
+                f" checkpoint is {self.ckpt.newest() or '(none yet)'}; lower the lr or check"
+                " the data."
+            )
+        lr = self.optimizer.param_groups[0]["lr"]
+        tokens_per_s = tc.batch_tokens / dt
+        step_flops = self.flops_per_token * tc.batch_tokens  # llm.c's formula
+        if self.task.sparse_targets:  # the head ran on the counted tokens only
+            step_flops -= self.head_flops_per_token * (tc.batch_tokens - counted_tokens)
+        mfu = step_flops / dt / (self.peak * self.d.world_size)
+        self.write(
+            {"loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_s, "mfu": mfu}
+        )
+        self.attempt.stepped(p.step)
+        self.say(
+            f"loss {loss:.6f} | lr {lr:.2e} | norm {norm:.4f} | {dt * 1000:.1f} ms"
+            f" | {100 * mfu:.1f}% MFU | {tokens_per_s:,.0f} tok/s"
+        )
+
+    def checkpoint(self, stop_requested: bool) -> None:
+        """A checkpoint when one is due, or on a signal. Asynchronous (train.checkpoint_async)
+        while training goes on, except the last and the one on a signal, which must be on disk
+        before the exit."""
+        step = self.progress.step
+        if not (self.ckpt.should_save(step, self.tc.max_steps) or stop_requested):
+            return
+        blocking = stop_requested or step == self.tc.max_steps
+        state = self.progress.state(self.loader)
+        path = self.ckpt.save(step, self.model, self.optimizer, state, blocking=blocking)
+        log.info("saved checkpoint %s" if blocking else "saving checkpoint %s", path)
+        self.attempt.saved(step)
+
+    def stopped(self, stop: StopFlag) -> int:
+        """The exit after a signal's checkpoint: a retry resumes from it."""
+        log.warning(
+            "stopping at step %d on a signal; a restart resumes from there", self.progress.step
+        )
+        # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
+        # Python resets its handlers to the default while finalizing, not ignored signals
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        self.metrics.close()
+        self.attempt.end("signal", signal=stop.name)
+        return EXIT_STOPPED
+
+    def finish(self) -> int:
+        """final/: the weights and meta.json, the contract with convert."""
+        p, d, wall = self.progress, self.d, self.progress.wall_s()
+        meta = {
+            "run": self.job.run,
+            "model": dataclasses.asdict(self.job.model),
+            "train": dataclasses.asdict(self.tc),
+            "during_training": self.job.during_training,  # the evaluations' settings
+            "settings_hash": self.digest,
+            "step": p.step,
+            "tokens": p.tokens,
+            "world_size": d.world_size,
+            "wall_s": wall,
+            "eval_s": p.eval_s,  # of wall_s: every evaluation during training
+            "evals_s": p.evals_s,  # of eval_s: each evaluation's
+            "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
+            **self.task.meta,
+        }
+        save_final(self.out / "final", self.model, meta)
+        log.info("wrote %s after %d steps, %.1f s", self.out / "final", p.step, wall)
+        self.metrics.close()
+        self.attempt.end("finished")
+        return 0
+
+
 def run(
     job: TrainJob,
     task: Task,
@@ -186,285 +434,42 @@ def run(
     d: Dist,
     stop: StopFlag,
     fresh_start: bool = False,
-    hellaswag: Path | None = None,
+    evaluators: list[Evaluator] | None = None,
     wandb: WandbConfig | None = None,
-    suite: Path | None = None,
 ) -> int:
-    """Run (or resume) the training of one run; returns the process exit code. `hellaswag`: the
-    items file of HellaSwag during training (train.eval_every > 0); `wandb`: logging.wandb;
-    `suite`: the suite's data manifest (train.eval_tasks)."""
-    tc = task.train
+    """Run (or resume) the training of one run; returns the process exit code. `evaluators`: the
+    evaluations during training (lmpipe.train.evaluators); `wandb`: logging.wandb."""
     check_compiler(job)
-    share = None
-    if tc.eval_every > 0:
-        if hellaswag is None:
-            raise ValueError(
-                f"runs.{job.run}.train.eval_every is {tc.eval_every}: HellaSwag during training"
-                " needs its items file (--hellaswag)"
-            )
-        share = hellaswag_share(load_items(hellaswag, tc.eval_items), d.rank, d.world_size)
-    suite_tasks = []  # this rank's share of each train.eval_tasks task
-    if tc.eval_tasks:
-        if suite is None or share is None:
-            raise ValueError(
-                f"runs.{job.run}.train.eval_tasks: the suite tasks are scored with HellaSwag"
-                " during training: they need train.eval_every > 0 and the suite's data (--suite)"
-            )
-        suite_tasks = suite_shares(suite, tc.eval_tasks, tc.eval_task_items, d.rank, d.world_size)
-    accum = tc.grad_accum_steps(d.world_size)
-    digest = trajectory_hash(job, task, d.world_size)
-    peak = peak_flops(job, d.device)  # a device's FLOP/s, for MFU
-    if d.device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls
-        torch.backends.cudnn.allow_tf32 = True
-
-    # the model: the same seed on every rank gives the same full weights before sharding
-    torch.manual_seed(tc.seed)
-    model = build_model(job.model)
-    model.head_on_counted_only = task.sparse_targets
-    model.padded_head_matmul = d.device.type == "cuda"  # aligned GEMM shapes (llm.c's padding)
-    if task.init is not None:  # e.g. fine-tuning: another base's checkpoints are never resumed
-        digest = settings_hash([digest, task.init(model)])
-    model = parallelize(model, d.device, tc.dtype, tc.compile, tc.fsdp)
-    flops_per_token = model.flops_per_token(tc.seq_len)
-    head_flops_per_token = model.head_flops_per_token()
-    optimizer = build_optimizer(model, tc.optimizer)
-    peak_lrs = [group["lr"] for group in optimizer.param_groups]
-    # batches are read ahead on a thread (pinned for the GPU: asynchronous copies); its
-    # position stays the loop's own, so checkpoints resume exactly
-    loader = Prefetcher(task.loader, pin=d.device.type == "cuda")
-    attempt = AttemptLog(out, d.is_main)
+    trainer = Trainer(job, task, out, d, list(evaluators or []))
     try:
-        # resume from the newest checkpoint of these settings, if any
-        ckpt = Checkpointer(
-            out / "checkpoints",
-            digest,
-            tc.checkpoint_every,
-            tc.keep_checkpoints,
-            asynchronous=tc.checkpoint_async,
-        )
-        if fresh_start:
-            ckpt.retire_all()
-        step, tokens, wall_before, eval_total, suite_total = 0, 0, 0.0, 0.0, 0.0
-        resume = ckpt.find_resume()
-        if resume is not None:
-            state = ckpt.load(resume, model, optimizer)
-            loader.load_state_dict(state["loader"])
-            step, tokens, wall_before = state["step"], state["tokens"], state["wall_s"]
-            eval_total = state.get("eval_s", 0.0)  # seconds of the evals during training
-            suite_total = state.get("suite_s", 0.0)  # of which the suite tasks'
-            log.info("resumed from %s (step %d, %d tokens)", resume, step, tokens)
-        w = WandbRun(wandb, job.run, digest, wandb_config(job, tc)) if wandb else None
-        metrics = Metrics(out, step, d.is_main, w)
-        attempt.start(step, resume, d.world_size, digest, fresh_start)
-        write_provenance(job, model, d, digest, peak, out)
-        if d.is_main:
-            log.info(
-                "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step;"
-                " MFU against %.3g FLOP/s a device",
-                job.run, model.num_params(), d.world_size, accum, tc.micro_batch, tc.seq_len,
-                tc.batch_tokens, peak,
-            )  # fmt: skip
-
-        t_start = time.time()
-
-        def wall_s() -> float:
-            return wall_before + time.time() - t_start
-
-        def validate() -> None:
-            val_loss = evaluate(model, task.val_batches, d.device)
-            metrics.write(
-                {"step": step, "tokens": tokens, "val_loss": val_loss, "wall_s": wall_s()}
-            )
-            if d.is_main:
-                print(f"step {step:5d}/{tc.max_steps} | val loss {val_loss:.4f}", flush=True)
-
-        def hellaswag_eval() -> None:
-            """HellaSwag and the suite tasks on the model as it is now; their cost printed as a
-            share of the wall time."""
-            nonlocal eval_total, suite_total
-            t0 = time.time()
-            right_norm, right = hellaswag_correct(model, share, tc.micro_batch, d.device)
-            took = time.time() - t0
-            n = share.total
-            metrics.write(
-                {
-                    "step": step,
-                    "tokens": tokens,
-                    "hellaswag": right_norm / n,  # acc_norm, the report's figure
-                    "hellaswag_acc": right / n,
-                    "hellaswag_items": n,
-                    "eval_s": took,
-                    "wall_s": wall_s(),
-                }
-            )
-            if d.is_main:
-                print(
-                    f"step {step:5d}/{tc.max_steps} | hellaswag acc_norm {right_norm / n:.4f}"
-                    f" ({right_norm}/{n}) | {took:.2f} s",
-                    flush=True,
-                )
-            suite_took = suite_eval() if suite_tasks else 0.0
-            eval_total += took + suite_took
-            suite_total += suite_took
-            if d.is_main:  # the cost: every eval so far against the wall time so far
-                now = f"hellaswag {took:.2f} s" + (
-                    f" + suite {suite_took:.2f} s" if suite_tasks else ""
-                )
-                so_far = f" (suite {suite_total:.1f} s)" if suite_tasks else ""
-                print(
-                    f"step {step:5d}/{tc.max_steps} | evals {now}; all evals {eval_total:.1f} s"
-                    f"{so_far} = {eval_total / wall_s():.1%} of the wall time so far",
-                    flush=True,
-                )
-
-        def suite_eval() -> float:
-            """The eval_tasks, each as lmpipe.eval.suite scores it; one metrics line for all."""
-            t0 = time.time()
-            record: dict[str, Any] = {"step": step, "tokens": tokens}
-            # a rank's rows a forward: as HellaSwag's, micro_batch items of 4 rows
-            batch_rows = 4 * tc.micro_batch
-            for suite_task in suite_tasks:
-                t_task = time.time()
-                counts = task_correct(model, suite_task, batch_rows, d.device)
-                n, headline = suite_task.total, suite_task.headline
-                head, key = counts[headline], f"suite/{suite_task.name}"
-                record |= {key: head / n, f"{key}_acc": counts["acc"] / n, f"{key}_items": n}
-                if d.is_main:
-                    acc = f", acc {counts['acc'] / n:.4f}" if headline != "acc" else ""
-                    print(
-                        f"step {step:5d}/{tc.max_steps} | {key} {headline} {head / n:.4f}"
-                        f" ({head}/{n}){acc} | {time.time() - t_task:.2f} s",
-                        flush=True,
-                    )
-            took = time.time() - t0
-            metrics.write(record | {"eval_s": took, "wall_s": wall_s()})
-            return took
-
-        def eval_due() -> bool:
-            return share is not None and (step % tc.eval_every == 0 or step == tc.max_steps)
-
-        if step == 0:
-            validate()  # also FSDP2's lazy init, which hellaswag_eval's unshard needs first
-            if eval_due():
-                hellaswag_eval()
-        while step < tc.max_steps:
-            t0 = time.time()
-            for group, peak_lr in zip(optimizer.param_groups, peak_lrs, strict=True):
-                group["lr"] = lr_at(step, peak_lr, tc.schedule, tc.max_steps)
-            lr = optimizer.param_groups[0]["lr"]
-            loss_accum = torch.zeros((), device=d.device)
-            counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
-            for _ in range(accum):
-                x, y = loader.next_batch()
-                x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
-                _, loss = model(x, y)
-                loss = loss / accum  # the gradient of the mean over the whole step
-                loss_accum += loss.detach()
-                if task.sparse_targets:
-                    counted += (y != -1).sum()  # -1: the model's "does not count" target
-                loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
-            grad_norm = clip_grad_norm(model, tc.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens += tc.batch_tokens
-            # one all-reduce: the step's loss and counted tokens summed over ranks, and whether any
-            # rank got a signal (torch.full: a fill kernel, not a blocking copy from the host)
-            signalled = torch.full((), float(stop.signal is not None), device=d.device)
-            flags = torch.stack([loss_accum, signalled, counted])
-            dist.all_reduce(flags)
-            # the step's one host sync: every figure the step logs, in one copy (as llm.c)
-            loss_value, stop_requested, counted_tokens, norm = torch.cat(
-                [flags, grad_norm.reshape(1).to(flags.dtype)]
-            ).tolist()
-            loss_value /= d.world_size
-            dt = time.time() - t0
-            if not math.isfinite(loss_value):
-                newest = ckpt.newest()
-                raise NonFiniteLossError(
-                    f"step {step}: the training loss is {loss_value}; stopping. The last good"
-                    f" checkpoint is {newest or '(none yet)'}; lower the lr or check the data."
-                )
-            tokens_per_s = tc.batch_tokens / dt
-            step_flops = flops_per_token * tc.batch_tokens  # llm.c's formula
-            if task.sparse_targets:  # the head ran on the counted tokens only
-                step_flops -= head_flops_per_token * (tc.batch_tokens - counted_tokens)
-            mfu = step_flops / dt / (peak * d.world_size)
-            metrics.write(
-                {
-                    "step": step,
-                    "tokens": tokens,
-                    "loss": loss_value,
-                    "lr": lr,
-                    "grad_norm": norm,
-                    "tokens_per_s": tokens_per_s,
-                    "mfu": mfu,
-                    "wall_s": wall_s(),
-                }
-            )
-            attempt.stepped(step)
-            if d.is_main:  # llm.c's step line
-                print(
-                    f"step {step:5d}/{tc.max_steps} | loss {loss_value:.6f} | lr {lr:.2e}"
-                    f" | norm {norm:.4f} | {dt * 1000:.1f} ms | {100 * mfu:.1f}% MFU"
-                    f" | {tokens_per_s:,.0f} tok/s",
-                    flush=True,
-                )
+        trainer.start(fresh_start, wandb)
+        if trainer.progress.step == 0:
+            trainer.validate()  # also FSDP2's lazy init, which the evaluators' unshard needs
+            trainer.evaluate()
+        tc = task.train
+        while trainer.progress.step < tc.max_steps:
+            stop_requested = trainer.train_step(stop)
+            step = trainer.progress.step
             if step == tc.max_steps or (tc.val_every > 0 and step % tc.val_every == 0):
-                validate()
-            if eval_due():
-                hellaswag_eval()
-            saved = ckpt.should_save(step, tc.max_steps)
-            if saved or stop_requested:
-                state = {
-                    "tokens": tokens,
-                    "loader": loader.state_dict(),
-                    "wall_s": wall_s(),
-                    "eval_s": eval_total,
-                    "suite_s": suite_total,
-                }
-                # asynchronous (train.checkpoint_async): written while training goes on, except
-                # the last and the one on a signal, which must be on disk before the exit
-                blocking = stop_requested or step == tc.max_steps
-                path = ckpt.save(step, model, optimizer, state, blocking=blocking)
-                log.info("saved checkpoint %s" if blocking else "saving checkpoint %s", path)
-                attempt.saved(step)
+                trainer.validate()
+            trainer.evaluate()
+            trainer.checkpoint(stop_requested)
             if stop_requested:
-                log.warning("stopping at step %d on a signal; a restart resumes from there", step)
-                # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
-                # Python resets its handlers to the default while finalizing, not ignored signals
-                signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-                metrics.close()
-                attempt.end("signal", signal=stop.name)
-                return EXIT_STOPPED
-
-        wall = wall_s()
-        meta = {
-            "run": job.run,
-            "model": dataclasses.asdict(job.model),
-            "train": dataclasses.asdict(tc),
-            "settings_hash": digest,
-            "step": step,
-            "tokens": tokens,
-            "world_size": d.world_size,
-            "wall_s": wall,
-            "eval_s": eval_total,  # of wall_s: HellaSwag and the suite tasks during training
-            "suite_eval_s": suite_total,  # of eval_s: the suite tasks
-            "gpu_hours": wall / 3600 * d.world_size if d.device.type == "cuda" else 0.0,
-            **task.meta,
-        }
-        save_final(out / "final", model, meta)
-        log.info("wrote %s after %d steps, %.1f s", out / "final", step, wall)
-        metrics.close()
-        attempt.end("finished")
-        return 0
-
+                return trainer.stopped(stop)
+        return trainer.finish()
     except BaseException as e:  # an attempt killed outright writes nothing: that is its record
-        attempt.end("error", error=short_error(e))
+        trainer.attempt.end("error", error=short_error(e))
         raise
     finally:
-        loader.close()  # stop the read-ahead thread, whatever ends the run
+        trainer.loader.close()  # stop the read-ahead thread, whatever ends the run
+
+
+def eval_input(text: str) -> tuple[str, Path]:
+    """`--eval-input kind=path` as (kind, path)."""
+    kind, sep, path = text.partition("=")
+    if not (kind and sep and path):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KIND=PATH")
+    return kind, Path(path)
 
 
 def worker_main(
@@ -480,11 +485,9 @@ def worker_main(
     parser.add_argument("--out", required=True, type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
     parser.add_argument(
-        "--hellaswag", type=Path, help="HellaSwag items for train.eval_every (a rowanz jsonl)"
-    )
-    parser.add_argument(
-        "--suite", type=Path, help="the suite's data manifest.json, for train.eval_tasks"
-    )
+        "--eval-input", action="append", default=[], type=eval_input, metavar="KIND=PATH",
+        help="a file the evaluations during training read, by kind (an Evaluation's inputs)",
+    )  # fmt: skip
     parser.add_argument(
         "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
     )
@@ -504,9 +507,8 @@ def worker_main(
     d = init_distributed(job.launch.device)
     try:
         task = make_task(job, args.data, d, args.init)
+        evaluators = build_evaluators(job, dict(args.eval_input), d, task.train)
         wandb = build(WandbConfig, json.loads(args.wandb), "--wandb") if args.wandb else None
-        return run(
-            job, task, args.out, d, stop, args.fresh_start, args.hellaswag, wandb, args.suite
-        )
+        return run(job, task, args.out, d, stop, args.fresh_start, evaluators, wandb)
     finally:
         dist.destroy_process_group()

@@ -1,11 +1,12 @@
 """metrics.jsonl and TensorBoard events of a run, written by rank 0.
 
 One JSON object a line: a train step (`loss`, `lr`, `grad_norm`, `tokens_per_s`, `mfu`, `wall_s`),
-a validation (`val_loss`), HellaSwag during training (`hellaswag`: acc_norm, `hellaswag_acc`,
-`hellaswag_items`, `eval_s`) or the suite tasks during training, one line for all
-(`suite/<task>`: acc_norm where the task has it, else acc; `suite/<task>_acc`,
-`suite/<task>_items`; `eval_s`), each with `step` and `tokens`. The report reads these, not logs.
-With `logging.wandb`, the same records go to Weights & Biases too (lmpipe.train.wandb_log).
+a validation (`val_loss`) or an evaluation during training (lmpipe.train.evaluators: one line
+an evaluation, its tasks' figures and `eval_s`; HellaSwag's `hellaswag`: acc_norm,
+`hellaswag_acc`, `hellaswag_items`; the suite's, for each task, `suite/<task>`: acc_norm where the
+task has it, else acc; `suite/<task>_acc`, `suite/<task>_items`), each with `step` and `tokens`.
+The report reads these, not logs. With `logging.wandb`, the same records go to Weights & Biases
+too (lmpipe.train.wandb_log).
 """
 
 from __future__ import annotations

@@ -50,9 +50,8 @@ def check_installed(run: str) -> None:
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """A metrics.jsonl record's figures under their logged names (TensorBoard and W&B)."""
-    # eval/hellaswag, eval/eval_s, ...; the suite tasks' line: eval/suite/arc_easy, ...
-    evals = "hellaswag" in record or any(key.startswith("suite/") for key in record)
-    group = "eval" if evals else None
+    # an evaluation's line (it has eval_s): eval/hellaswag, eval/suite/arc_easy, eval/eval_s
+    group = "eval" if "eval_s" in record else None
     out = {}
     for key, value in record.items():
         if key not in ("step", "tokens") and value is not None:
