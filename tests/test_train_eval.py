@@ -71,7 +71,7 @@ def test_every_item_is_scored_once_and_every_rank_runs_as_many_rows():
     ctx, ending = whole.rows[3]
     assert ctx[:4] == [32, 582, 318, 5586]  # "A man is sitting"
     assert ending == gpt2_encoding(TOKENIZER_DIR).encode_ordinary(" " + items[0]["endings"][3])
-    assert whole.items[0].divisors[3] == len(ending)
+    assert whole.items[0].choice_lengths[3] == len(ending)
 
 
 def test_a_malformed_file_names_its_line(tmp_path):

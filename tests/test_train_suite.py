@@ -59,7 +59,7 @@ def suite(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_item_is_counted_once_and_every_rank_gets_as_many(suite, world_size):
     task = suite_task(suite, "arc_easy", 13)
-    items = [task.to_rows(it) for it in task.items]
+    items = task.items
     shares = [share_of(task, r, world_size) for r in range(world_size)]
     assert {len(s.items) for s in shares} == {-(-13 // world_size)}  # padded: as many items
     assert all(s.total == 13 and len(s.counted) == len(s.items) for s in shares)
@@ -67,11 +67,10 @@ def test_every_item_is_counted_once_and_every_rank_gets_as_many(suite, world_siz
     assert sorted(map(repr, counted)) == sorted(map(repr, items))  # each item once
     padding = [it for s in shares for it, c in zip(s.items, s.counted, strict=True) if not c]
     assert len(padding) == world_size * len(shares[0].items) - 13
-    assert all(len(s.rows) == sum(len(it.rows) for it in s.items) for s in shares)
-    # the native scorer's rows and lm-eval's acc_norm divisors (characters)
-    first = load_task(suite, "arc_easy", 1).items[0]
-    assert items[0].rows == native.item_rows([first], ENC)
-    assert items[0].divisors == list(first.choice_lengths) and items[0].gold == first.gold
+    assert all(len(s.rows) == sum(len(it.continuations) for it in s.items) for s in shares)
+    # the native scorer's rows (lm-eval's requests), each share's in its items' order
+    assert shares[0].rows == native.item_rows(shares[0].items, ENC)
+    assert items[0] == load_task(suite, "arc_easy", 1).items[0]
 
 
 class CountingModel(torch.nn.Module):
@@ -104,7 +103,9 @@ def test_the_forward_plan_is_what_the_native_scorer_runs(suite, name):
 
 def test_an_unknown_task_is_refused_naming_the_key(tmp_path):
     config = yaml.safe_load(CONFIG_FILE.read_text())
-    config["runs"]["embedded-a"]["eval"]["suite"]["during_training"]["tasks"] = ["arc_esay"]
+    suite = config["runs"]["embedded-a"]["eval"]["suite"]
+    # a copy: the config's YAML anchors share one during_training between runs
+    suite["during_training"] = suite["during_training"] | {"tasks": ["arc_esay"]}
     with pytest.raises(
         ConfigError,
         match=r"^runs\.embedded-a\.eval\.suite\.during_training\.tasks\.0: 'arc_esay' is not"
@@ -120,7 +121,8 @@ def test_an_unknown_task_is_refused_naming_the_key(tmp_path):
     ):
         schema.validate(config)
     config = yaml.safe_load(CONFIG_FILE.read_text())
-    config["runs"]["embedded-a"]["eval"]["suite"]["during_training"]["tasks"] = ["copa", "copa"]
+    suite = config["runs"]["embedded-a"]["eval"]["suite"]
+    suite["during_training"] = suite["during_training"] | {"tasks": ["copa", "copa"]}
     with pytest.raises(
         ConfigError, match=r"^runs\.embedded-a\.eval\.suite\.during_training\.tasks: .*non-unique"
     ):

@@ -71,7 +71,7 @@ class Evaluator(Protocol):
 # ---- a multiple-choice task --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class ChoiceTask:
     """A multiple-choice task as the native scorer takes it: its items (`Item`: a (context,
     continuation) request a choice, the right one, each choice's acc_norm divisor, and the rows
