@@ -9,7 +9,8 @@ a metric). Torch-free on purpose: the Snakefile imports it at parse time. The co
 Adding a part (docs/architecture.md walks through each):
 - an evaluation: a module with `evaluate(settings, model_dir, inputs, device) -> result dict`, an
   `Evaluation` below (and a settings dataclass in EVAL_SECTIONS if it needs its own settings), and
-  its published figures in lmpipe/report/references.py;
+  its published figures in lmpipe/report/references.py; scored during training too, a
+  `during_training` field in its settings and a `TrainingScorer` in its entry;
 - an optimizer: a settings dataclass and an `Optimizer` below, and its build function;
 - an architecture: a package under lmpipe/models/ and an `Architecture` below (and a settings
   dataclass if its models have settings beyond the shape).
