@@ -201,7 +201,9 @@ def test_a_schedule_during_training_reruns_that_training(built: Path) -> None:
     checkpoint: the trajectory's hash leaves the schedule out) and what follows it; not its
     offline HellaSwag settings' own change, which the test above holds to the evaluations."""
     config = base_config(built)
-    config["runs"]["embedded-b"]["eval"]["hellaswag"]["during_training"]["every"] = 4
+    hellaswag = config["runs"]["embedded-b"]["eval"]["hellaswag"]
+    # a new mapping: the YAML alias gives embedded-a and embedded-b one and the same
+    hellaswag["during_training"] = hellaswag["during_training"] | {"every": 4}
     expected = jobs_of(config, "embedded-b", retrained=True) | {("report", REPORT)}
     assert planned_jobs(built, config) == expected
 

@@ -9,7 +9,8 @@ code an entry names (`"package.module:function"`) is imported only by the job th
 Adding a part (docs/architecture.md walks through each):
 - an evaluation: a module with `evaluate(settings, model_dir, inputs, device) -> result dict`, an
   `Evaluation` below (its settings dataclass, its cost for the plan, the input kinds it reads),
-  and its published figures in lmpipe/report/references.py;
+  and its published figures in lmpipe/report/references.py; scored during training too, a
+  `during_training` field in its settings and a `TrainingScorer` in its entry;
 - an optimizer: a settings dataclass and an `Optimizer` below, and its build function;
 - an architecture: a package under lmpipe/models/ and an `Architecture` below (and a settings
   dataclass if its models have settings beyond the shape).
