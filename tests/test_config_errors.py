@@ -12,7 +12,7 @@ import yaml
 
 from conftest import CONFIG_FILE
 from lmpipe import config as lmconfig
-from lmpipe import plan, schema
+from lmpipe import costs, schema
 
 SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
 CHAT = "embedded-a-chat"  # the shipped fine-tuning run (base: embedded-a, data: vicuna-dummy)
@@ -240,7 +240,7 @@ def test_train_job_section_that_is_not_a_mapping_is_named(cfg):
     assert str(e.value) == "train job.model: expected a mapping, got 12"
 
 
-# ---- lmpipe/plan.py: a GPU the config names that the plan cannot price ----
+# ---- lmpipe/costs.py: a GPU the config names that the plan cannot price ----
 
 
 def test_plan_names_an_unknown_gpu_model(cfg):
@@ -249,4 +249,4 @@ def test_plan_names_an_unknown_gpu_model(cfg):
     schema.validate(cfg)
     run = lmconfig.run_config(cfg, "124m")
     with pytest.raises(ValueError, match=r"^runs\.124m: no known peak for GPU 'mystery9000'"):
-        plan.device_flops(run, None, "train")
+        costs.device_flops(run, None, "train")

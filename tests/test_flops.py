@@ -1,4 +1,4 @@
-"""One FLOPs count a model: the plan's (lmpipe.plan, torch-free, from the registry), the model's
+"""One FLOPs count a model: the plan's (lmpipe.costs, torch-free, from the registry), the model's
 own (its MFU) and one counted here from the built module must agree."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmpipe import plan
+from lmpipe import costs
 from lmpipe.config import named_models
 from lmpipe.models import architecture
 from lmpipe.registry import ARCHITECTURES
@@ -31,8 +31,8 @@ def test_the_plan_counts_the_flops_the_model_does(name):
     T = config.block_size
     counted = counted_flops_per_token(model, T)
     assert model.flops_per_token(T) == counted
-    assert plan.train_flops_per_token(config, T) == counted
-    assert plan.forward_flops_per_token(config, T) == pytest.approx(counted / 3)
+    assert costs.train_flops_per_token(config, T) == counted
+    assert costs.forward_flops_per_token(config, T) == pytest.approx(counted / 3)
     head = 6 * config.padded_vocab_size * config.n_embd
     assert model.head_flops_per_token() == head
     assert ARCHITECTURES[config.arch].head_flops_per_token(config) == head

@@ -26,6 +26,8 @@ GROUND = {
     "throughputs",
     "sweeps",
     "dag",
+    "costs",
+    "resources",
     "settings",
     "config_schema",
 }
@@ -109,7 +111,8 @@ def test_the_snakefile_s_imports_pull_in_no_torch():
     """The ground the Snakefile imports at parse time, the definitions it reads included."""
     code = (
         "import sys\n"
-        "import lmpipe.config, lmpipe.plan, lmpipe.registry, lmpipe.schema, lmpipe.sweeps\n"
+        "import lmpipe.config, lmpipe.plan, lmpipe.costs, lmpipe.resources, lmpipe.registry\n"
+        "import lmpipe.schema, lmpipe.sweeps, lmpipe.dag\n"
         "heavy = sorted(m for m in ('torch', 'lm_eval', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

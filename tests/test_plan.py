@@ -9,9 +9,11 @@ import re
 
 import pytest
 
-from conftest import CONFIG_FILE, make_workdir, snakemake
+from conftest import CONFIG_FILE, REPO, make_workdir, snakemake
 from lmpipe import config as lmconfig
-from lmpipe import plan, schema
+from lmpipe import costs, plan, schema
+from lmpipe import resources as lmresources
+from lmpipe.dag import DagJob, target_jobs
 from lmpipe.registry import EVALUATIONS, Evaluation, SampleSettings, SuiteSettings
 
 # OpenAI's GPT-2 124M / 350M with the vocabulary padded to 50304 (llm.c's count), by hand
@@ -23,17 +25,24 @@ def config() -> dict:
     return schema.load_config(CONFIG_FILE)
 
 
-def jobs_of(config: dict, report: str, gpu: str | None = None) -> dict[str, plan.Job]:
-    return {f"{j.rule} {j.name}".strip(): j for j in plan.plan_report(config, report, gpu)}
+@pytest.fixture(scope="module")
+def dags(tmp_path_factory) -> dict[str, list[DagJob]]:
+    """Snakemake's own jobs of each GPT-2 report (a dry run in a copy of the workflow)."""
+    workdir = make_workdir(tmp_path_factory.mktemp("wf"))
+    return {r: target_jobs(f"results/report_{r}.html", workdir=workdir) for r in ("124m", "350m")}
+
+
+def jobs_of(config: dict, dag: list[DagJob], gpu: str | None = None) -> dict[str, costs.Job]:
+    return {f"{j.rule} {j.name}".strip(): j for j in plan.cost_jobs(config, dag, gpu)}
 
 
 @pytest.mark.parametrize("report", ["124m", "350m"])
-def test_every_job_of_the_gpt2_reports_can_finish(config, report):
-    jobs = jobs_of(config, report)
+def test_every_job_of_the_gpt2_reports_can_finish(config, dags, report):
+    jobs = jobs_of(config, dags[report])
     assert [name for name, j in jobs.items() if j.problems] == []
     assert {"tokenize", "train", "convert", "evaluate", "report"} <= {j.rule for j in jobs.values()}
     train = jobs[f"train {report}"]
-    assert train.gpus == 8 and train.jobs_in_a_row <= plan.retries() + 1
+    assert train.gpus == 8 and train.jobs_in_a_row <= costs.retries() + 1
     assert train.gpu_mem_gb < 80  # an A100 80GB's; the 124M issue's estimate was ~34 GB
     for name, job in jobs.items():
         if job.rule in ("convert", "evaluate"):  # a GPU run's: one GPU, its share of the node
@@ -42,29 +51,29 @@ def test_every_job_of_the_gpt2_reports_can_finish(config, report):
             assert job.estimate_s < job.limit_min * 60, name
 
 
-def test_the_train_estimate_is_the_flops_over_the_assumed_rate(config):
+def test_the_train_estimate_is_the_flops_over_the_assumed_rate(config, dags):
     """124M on 8 A100s at the assumed 40% MFU: 10B tokens x (6N + 6LCT) FLOPs."""
-    job = jobs_of(config, "124m")["train 124m"]
+    job = jobs_of(config, dags["124m"])["train 124m"]
     flops = 6 * PARAMS["124m"] + 6 * 12 * 768 * 1024
     compute = 19073 * 524288 * flops / (8 * 312e12 * 0.40)
     assert compute == pytest.approx(8000, rel=0.01)  # about 2.2 h
     assert compute < job.estimate_s < compute * 1.15  # plus validations, saves and the start
     # on H100s the same run is 989 / 312 times faster
-    h100 = jobs_of(config, "124m", "h100")["train 124m"]
+    h100 = jobs_of(config, dags["124m"], "h100")["train 124m"]
     assert h100.estimate_s < job.estimate_s / 2.5
     assert "h100" in h100.basis
 
 
-def test_a_short_time_limit_is_flagged(config):
+def test_a_short_time_limit_is_flagged(config, dags):
     short = copy.deepcopy(config)
     short["runs"]["124m"]["launch"]["runtime"] = 30  # 2.4 h of training in 30-minute jobs
-    train = jobs_of(short, "124m")["train 124m"]
-    assert train.jobs_in_a_row > plan.retries() + 1
+    train = jobs_of(short, dags["124m"])["train 124m"]
+    assert train.jobs_in_a_row > costs.retries() + 1
     assert train.problems and "jobs of 30 min in a row" in train.problems[0]
     # a partition that allows 2 minutes: the GPU evaluations cannot finish either
     tiny = copy.deepcopy(config)
     tiny["cluster"]["max_runtime"] = 2
-    jobs = jobs_of(tiny, "124m")
+    jobs = jobs_of(tiny, dags["124m"])
     flagged = {name for name, j in jobs.items() if j.problems}
     assert {"evaluate 124m/val_loss", "train 124m"} <= flagged
     assert "cluster.max_runtime" in jobs["evaluate 124m/val_loss"].problems[0]
@@ -93,7 +102,7 @@ def test_the_rules_ask_for_what_the_plan_derives(tmp_path):
         resources[rule].append(re.search(r"resources: (.*)", details).group(1))
     assert "--workers 64" in out
     config = schema.load_config(CONFIG_FILE)
-    expected = plan.job_resources(config, "evaluate", "124m", "val_loss")
+    expected = lmresources.job_resources(config, "evaluate", "124m", "val_loss")
     assert expected["gres"] == "gpu:1"
     for rule in ("convert", "evaluate"):
         for line in resources[rule]:
@@ -106,9 +115,12 @@ def test_a_dataset_too_big_for_one_job_is_tokenized_in_parts(config, tmp_path):
     two part jobs, then the shards are cut from their streams in a third."""
     short = copy.deepcopy(config)
     short["cluster"]["max_runtime"] = 15
-    assert plan.tokenize_parts(config, "fineweb100B") == 1  # the 48-hour default: one job
-    assert plan.tokenize_parts(short, "fineweb100B") == 2
-    jobs = jobs_of(short, "350m")
+    assert lmresources.tokenize_parts(config, "fineweb100B") == 1  # the 48-hour default: one job
+    assert lmresources.tokenize_parts(short, "fineweb100B") == 2
+    workdir = make_workdir(tmp_path / "wf")
+    (workdir / "short.yaml").write_text("cluster: {max_runtime: 15}\n")
+    files = [str(workdir / "config" / "config.yaml"), str(workdir / "short.yaml")]
+    jobs = jobs_of(short, target_jobs("results/report_350m.html", files, workdir))
     assert [n for n in jobs if n.startswith("tokenize")] == [
         "tokenize_part fineweb100B/000",
         "tokenize_part fineweb100B/001",
@@ -116,8 +128,6 @@ def test_a_dataset_too_big_for_one_job_is_tokenized_in_parts(config, tmp_path):
     ]
     assert not any(j.problems for n, j in jobs.items() if n.startswith("tokenize"))
     # what Snakemake plans: the two parts, and the shards cut from them
-    workdir = make_workdir(tmp_path / "wf")
-    (workdir / "short.yaml").write_text("cluster: {max_runtime: 15}\n")
     target = "results/data/fineweb100B/tokens/manifest.json"
     configs = ["--configfile", "config/config.yaml", "short.yaml"]
     out = snakemake(workdir, target, "-n", *configs, "--quiet", "rules").stdout
@@ -149,7 +159,7 @@ def test_every_evaluation_costs_something_where_it_applies(config):
     for run in cfg["runs"]:
         rc = lmconfig.run_config(cfg, run)
         for evaluation in lmconfig.evaluations_of(cfg, run):
-            assert plan.eval_tokens(cfg, rc, evaluation) > 0, f"{run}: {evaluation}"
+            assert costs.eval_tokens(cfg, rc, evaluation) > 0, f"{run}: {evaluation}"
             costed.add(evaluation)
     assert costed == set(EVALUATIONS)
 
@@ -158,7 +168,7 @@ def test_the_costs_are_the_measured_figures(config):
     """The 124M run's evaluations as the plan costs them: the settings times each one's
     measured tokens (resources/throughputs.yaml, the suite's tasks' item counts)."""
     rc = lmconfig.run_config(config, "124m")
-    tokens = {e: plan.eval_tokens(config, rc, e) for e in lmconfig.evaluations_of(config, "124m")}
+    tokens = {e: costs.eval_tokens(config, rc, e) for e in lmconfig.evaluations_of(config, "124m")}
     assert tokens["val_loss"] == 10_485_760
     assert tokens["hellaswag"] == pytest.approx(10_042 * 170.2)
     assert tokens["hellaswag_lm_eval"] == pytest.approx(10_042 * 330 * 3.61, rel=1e-3)
@@ -166,3 +176,31 @@ def test_the_costs_are_the_measured_figures(config):
     # 5 items x 2 choices, 5 x 4 (of all MMLU: not yet 5 of each subject), 100 tokens a row
     suite = {"tasks": ["copa", "mmlu"], "items": 5}
     assert EVALUATIONS["suite"].cost(SuiteSettings(**suite), None) == (10 + 20) * 100
+
+
+# ---- the plan's jobs are Snakemake's (lmpipe.dag), each rule costed ----------------------------
+
+
+def test_every_rule_of_the_workflow_is_costed():
+    """A rule added to workflow/rules/ without a cost in the plan fails here (and `python -m
+    lmpipe.plan` would stop naming it), never a job silently left out of the plan."""
+    rules = {
+        m.group(1)
+        for smk in (REPO / "workflow" / "rules").glob("*.smk")
+        for m in re.finditer(r"^rule (\w+):", smk.read_text(), re.M)
+    }
+    assert rules == set(plan.RULE_COSTS)
+
+
+def test_a_job_of_a_rule_without_a_cost_stops_the_plan_naming_it(config):
+    jobs = [DagJob("report", {"report": "124m"}), DagJob("fetch_weights", {"run": "124m"})]
+    with pytest.raises(plan.PlanError, match="fetch_weights: no cost"):
+        plan.cost_jobs(config, jobs)
+
+
+def test_the_plan_has_every_job_snakemake_runs(config, dags):
+    """The 124M report's DAG holds the suite's download (a local rule), which the plan's own list
+    of jobs once left out; the plan is that DAG, job for job."""
+    jobs = jobs_of(config, dags["124m"])
+    assert "download_suite" in jobs
+    assert len(jobs) == len(dags["124m"]) == 14

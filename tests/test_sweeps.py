@@ -14,7 +14,7 @@ from test_report import settings, write_run
 
 from conftest import CONFIG_FILE
 from lmpipe import config as lmconfig
-from lmpipe import plan, schema, sweeps
+from lmpipe import costs, schema, sweeps
 from lmpipe.paths import Layout
 from lmpipe.report import page
 from lmpipe.report.sweep import fit_power_law
@@ -102,7 +102,7 @@ def test_a_ladder_trains_tokens_proportional_to_parameters():
     sweep = c["sweeps"]["embedded"]
     for run in c["reports"]["sweep-embedded"]["runs"]:
         rc = lmconfig.run_config(c, run)
-        n = plan.num_params(rc.model)
+        n = costs.num_params(rc.model)
         steps = math.ceil(sweep["tokens_per_param"] * n / rc.train.batch_tokens)
         assert rc.train.max_steps == steps, run
         tokens = rc.train.max_steps * rc.train.batch_tokens
@@ -125,7 +125,7 @@ def test_sweep_report_params_hold_the_values_and_the_ladders_compute():
     assert [p["run"] for p in ladder["presets"]] == ["124m", "350m"]
     rc = lmconfig.run_config(c, "124m")
     tokens = rc.train.max_steps * rc.train.batch_tokens  # 10B
-    flops = plan.train_flops_per_token(rc.model, rc.train.seq_len) * tokens
+    flops = costs.train_flops_per_token(rc.model, rc.train.seq_len) * tokens
     assert ladder["presets"][0]["compute"] == flops
     # an ordinary report has no sweep section
     assert "sweep" not in json.loads(sweeps.report_params(c, "embedded"))

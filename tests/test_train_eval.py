@@ -122,16 +122,16 @@ def test_the_loop_names_no_evaluation():
 def test_the_cost_estimate_of_the_shipped_gpu_runs_is_under_3_percent():
     import yaml
 
-    from lmpipe import plan, schema
+    from lmpipe import costs, schema
 
     config_ = yaml.safe_load(CONFIG_FILE.read_text())
     schema.validate(config_)
     for run_name in ("124m", "350m"):
-        cost = plan.in_training_eval(config_, run_name, None)
+        cost = costs.in_training_eval(config_, run_name, None)
         assert cost is not None and 0.005 < cost.share < 0.03, (run_name, cost)
-        job = plan.train_job(config_, run_name, None)
+        job = costs.train_job(config_, run_name, None)
         assert "during training hellaswag every" in job.basis
-    assert plan.in_training_eval(config_, "embedded-a-chat", None) is None  # none during it
+    assert costs.in_training_eval(config_, "embedded-a-chat", None) is None  # none during it
 
 
 def test_the_figure_shows_runs_with_in_training_evals_only():

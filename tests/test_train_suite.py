@@ -25,7 +25,7 @@ from test_train_eval import HELLASWAG, hellaswag_settings, with_evals
 
 from conftest import CONFIG_FILE, run_ranks_or_fail
 from lmpipe import config as lmconfig
-from lmpipe import plan, schema
+from lmpipe import costs, schema
 from lmpipe.config import ConfigError
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval import packing
@@ -175,23 +175,23 @@ def test_the_plan_prices_each_evaluation_during_training():
     config = yaml.safe_load(CONFIG_FILE.read_text())
     schema.validate(config)
     for run_name in ("124m", "350m"):
-        cost = plan.in_training_eval(config, run_name, None)
+        cost = costs.in_training_eval(config, run_name, None)
         assert [p.name for p in cost.parts] == ["hellaswag", "suite"], run_name
         assert 0.005 < cost.share < 0.03 and cost.part("suite").share > 0, (run_name, cost)
-        job = plan.train_job(config, run_name, None)
+        job = costs.train_job(config, run_name, None)
         assert "hellaswag every" in job.basis and ", suite every" in job.basis
     # the suite's share: its rows' forward FLOPs against training's, as HellaSwag's
     bare = copy.deepcopy(config)
     bare["runs"]["124m"]["eval"]["suite"]["during_training"]["every"] = 0
-    hellaswag_only = plan.in_training_eval(bare, "124m", None)
+    hellaswag_only = costs.in_training_eval(bare, "124m", None)
     assert hellaswag_only.part("suite") is None
-    cost = plan.in_training_eval(config, "124m", None)
+    cost = costs.in_training_eval(config, "124m", None)
     assert cost.share == pytest.approx(hellaswag_only.share + cost.part("suite").share)
     # one task by hand: copa's 100 items, each 17.6 tokens through d12 (2 rows packed, their
     # context once), the head (2 x 50304 x 768 FLOPs a token) at 12.20 of them only
     copa = copy.deepcopy(config)
     copa["runs"]["124m"]["eval"]["suite"]["during_training"]["tasks"] = ["copa"]
-    suite = plan.in_training_eval(copa, "124m", None).part("suite")
+    suite = costs.in_training_eval(copa, "124m", None).part("suite")
     n, head, C, L = 124_475_904, 2 * 50304 * 768, 768, 12
     item = 17.6 * (2 * n + 2 * L * C * 17.6 / 2 - head) + 12.20 * head
     train = 19073 * 524288 * (6 * n + 6 * L * C * 1024)
@@ -199,10 +199,10 @@ def test_the_plan_prices_each_evaluation_during_training():
     assert suite.flops_share == pytest.approx(78 * 100 * item / train, rel=1e-9)
     assert suite.share / suite.flops_share == pytest.approx(0.40 / 0.15)  # the MFUs
     copa["runs"]["124m"]["eval"]["suite"]["during_training"]["items"] = 10
-    assert plan.in_training_eval(copa, "124m", None).part("suite").items == 10
+    assert costs.in_training_eval(copa, "124m", None).part("suite").items == 10
     # a schedule of its own: every 1000 steps, 21 evals (0, 1000, ..., 19000 and the last)
     copa["runs"]["124m"]["eval"]["suite"]["during_training"]["every"] = 1000
-    assert plan.in_training_eval(copa, "124m", None).part("suite").evals == 21
+    assert costs.in_training_eval(copa, "124m", None).part("suite").evals == 21
 
 
 def test_the_metrics_line_is_an_eval_line_the_report_reads_and_draws(tmp_path):

@@ -1,510 +1,110 @@
-"""The plan of a target before a single job is submitted: every job's resources, time, disk, cost.
+"""The plan of a target before a single job is submitted, for people: every job's resources, time,
+disk, GPU-hours and cost.
 
     python -m lmpipe.plan results/report_124m.html              # the 124M report's jobs
     python -m lmpipe.plan results/report_350m.html --gpu h100   # estimates for H100s
 
-A job's time comes from measured throughputs where there are any (resources/throughputs.yaml:
-tokenize tokens/s a core, train MFU on a GPU from gpu_check), otherwise from the run's FLOPs
-(llm.c's 6N + 6LCT a token; 2N + 2LCT a token forward) over the GPU's dense bf16 peak
-(lmpipe.hardware) times an assumed MFU; each estimate says which. The rules ask for the
-resources computed here (`job_resources`), so what is printed is what is submitted:
-
-- tokenize: a node's CPUs (the most any GPU run on the dataset asks for) and uses them all;
-- convert and evaluate of a GPU run: one GPU of the run's kind and the CPUs and memory that
-  come with it (the run's share a GPU), a time limit of twice the estimate plus 10 minutes;
-- train: the run's `launch:`; a run longer than its time limit continues in the next job from
-  its checkpoint (SIGTERM signal_seconds before the limit), up to the profile's retries.
-
-A job is flagged when it cannot finish: an estimate over its time limit (or the partition's,
-`cluster.max_runtime`), or a training that needs more jobs in a row than the retries allow.
-Torch-free: the Snakefile imports it for the resources.
+The jobs are Snakemake's own: its DAG of the target, from a dry run (lmpipe.dag), so the plan
+never restates the workflow. Each job is costed by its rule's function below (`RULE_COSTS`, over
+lmpipe.costs); a rule without one stops the plan naming it. The resources printed are those the
+rules submit (lmpipe.resources derives them from the same estimates). `report_plan` is the part
+the report shows beside each run's measured figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field
-from functools import cache
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from lmpipe import config as lmconfig
-from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
-from lmpipe.hardware import gpu_peak_flops
+from lmpipe import costs
+from lmpipe.costs import Job
+from lmpipe.dag import DagJob, target_jobs
 from lmpipe.paths import REPO_ROOT
-from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun
-from lmpipe.throughputs import THROUGHPUTS, basis, figure, throughputs
-
-SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
-DEFAULT_GPU = "a100"  # llm.c's reference hardware, when a run names no gpu_model
-MIN_LIMIT = 30  # minutes: the least a derived time limit asks for
-
-
-@cache
-def retries() -> int:
-    """Jobs a training may take in a row: the slurm profile's retries + the first."""
-    return int(yaml.safe_load(SLURM_PROFILE.read_text()).get("retries", 0))
-
+from lmpipe.throughputs import THROUGHPUTS, figure
 
 # ----------------------------------------------------------------------------------------------
-# the model's arithmetic
+# a job of the DAG, costed by its rule
 
 
-def num_params(model: lmconfig.ModelConfig) -> int:
-    return ARCHITECTURES[model.arch].num_params(model)
-
-
-def train_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
-    """llm.c's formula, 6N + 6LCT (forward and backward): the architecture's one count
-    (lmpipe.registry), which the model's MFU also reads."""
-    return ARCHITECTURES[model.arch].flops_per_token(model, seq_len)
-
-
-def forward_flops_per_token(model: lmconfig.ModelConfig, seq_len: int) -> float:
-    return train_flops_per_token(model, seq_len) / 3
-
-
-def startup_s(run: lmconfig.RunConfig, kind: str) -> float:
-    """A job's start (`kind`: train or eval) on the run's device."""
-    return figure(kind, "startup_s" if run.launch.device == "cuda" else "cpu_startup_s")
-
-
-def gpu_name(run: lmconfig.RunConfig, gpu: str | None) -> str:
-    return gpu or run.launch.gpu_model or DEFAULT_GPU
-
-
-def device_flops(run: lmconfig.RunConfig, gpu: str | None, kind: str) -> tuple[float, str]:
-    """FLOP/s one device of the run achieves (`kind`: train or eval), and how it is known."""
-    if run.launch.device != "cuda":
-        return figure(kind, "cpu_flops_per_s"), f"CPU {basis(kind, 'cpu_flops_per_s')}"
-    name = gpu_name(run, gpu)
-    peak = gpu_peak_flops(name)
-    if peak is None:
-        raise ValueError(f"runs.{run.name}: no known peak for GPU {name!r} (lmpipe.hardware)")
-    measured = (throughputs()["train"].get("gpu_mfu_measured") or {}).get(run.model_name, {})
-    if kind == "train" and name.lower() in measured:
-        return peak * measured[name.lower()], f"{name}, MFU {measured[name.lower()]:.0%} measured"
-    mfu = figure(kind, "gpu_mfu")
-    return peak * mfu, f"{name} peak x MFU {mfu:.0%} {basis(kind, 'gpu_mfu')}"
-
-
-def gpu_memory_gb(run: lmconfig.RunConfig) -> float:
-    """A GPU's peak memory in training, roughly: fp32 params, grads and AdamW's two moments
-    sharded over the ranks (16N/W bytes); the bf16 params gathered for forward and backward (2N,
-    kept between them unless fsdp.reshard_after_forward); activations of bf16 blocks with flash
-    attention (34 C bytes a token a layer, Korthikanti et al. 2022); the head's bf16 logits and
-    their fp32 softmax (6 bytes a vocabulary entry a token)."""
-    n, m, t = num_params(run.model), run.model, run.train
-    tokens = t.micro_batch * t.seq_len
-    act_bytes = 2 if t.dtype == "bfloat16" else 4
-    params = 16 * n / run.launch.world_size + act_bytes * n
-    activations = 34 * m.n_embd * m.n_layer * tokens * act_bytes / 2
-    head = tokens * m.padded_vocab_size * (act_bytes + 4)
-    return (params + activations + head) / 1e9
-
-
-# ----------------------------------------------------------------------------------------------
-# jobs
-
-
-@dataclass
-class Job:
-    rule: str
-    name: str  # its wildcards
-    device: str  # "cuda" or "cpu" or "" (no compute: local rules)
-    gpus: int = 0  # the job's, all nodes
-    nodes: int = 1
-    cpus: int = 1  # a node's
-    mem_mb: int = 0  # a node's
-    limit_min: int | None = None  # its time limit; None: a local rule (no limit)
-    estimate_s: float = 0.0
-    disk_bytes: float = 0.0
-    basis: str = ""
-    gpu_mem_gb: float | None = None
-    jobs_in_a_row: int = 1  # train: allocations, each resuming the last's checkpoint
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.gpus * self.estimate_s / 3600
-
-
-def derived_limit(estimate_s: float, max_runtime: int) -> int:
-    """A time limit for a job estimated at `estimate_s`: twice the estimate plus 10 minutes, in
-    whole quarter hours, at least MIN_LIMIT, at most the partition's."""
-    minutes = 15 * math.ceil((2 * estimate_s / 60 + 10) / 15)
-    return min(max(MIN_LIMIT, minutes), max_runtime)
-
-
-def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
-    """About how many tokens a text dataset holds: `approx_tokens`, a local file's size, or the
-    most tokens a run trains on it."""
-    d = config["datasets"][dataset]
-    if d.get("approx_tokens"):
-        return float(d["approx_tokens"])
-    if d["source"] == "local" and Path(d["path"]).is_file():
-        return Path(d["path"]).stat().st_size / 1.94  # bytes/token of the embedded sample
-    trained = [
-        r["train"]["max_steps"] * r["train"]["batch_tokens"]
-        for r in config["runs"].values()
-        if r["dataset"] == dataset and "max_steps" in r["train"]
-    ]
-    return float(max(trained, default=0))
-
-
-def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
-    """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does)."""
-    cpus = [
-        r["launch"]["cpus_per_task"]
-        for name, r in config["runs"].items()
-        if r["launch"]["device"] == "cuda" and lmconfig.text_dataset(config, name) == dataset
-    ]
-    return max(cpus, default=16)
-
-
-def tokenize_rate(config: dict[str, Any], dataset: str) -> float:
-    """Tokens a second of one tokenize job on a node's cores."""
-    cpus = tokenize_cpus(config, dataset)
-    per_core = figure("tokenize", "tokens_per_s_per_core")
-    return per_core * max(1.0, cpus * figure("tokenize", "parallel_efficiency"))
-
-
-def tokenize_parts(config: dict[str, Any], dataset: str) -> int:
-    """Jobs a dataset is tokenized in: more than one when one job's estimate would not fit in
-    0.8 of the partition's time limit (the shards are then cut from the parts in one more job)."""
-    estimate = dataset_tokens(config, dataset) / tokenize_rate(config, dataset) + 60
-    return max(1, math.ceil(estimate / (0.8 * config["cluster"]["max_runtime"] * 60)))
-
-
-def tokenize_job(config: dict[str, Any], dataset: str, part: str = "") -> Job:
-    """The tokenize job (one; or, in parts, a part's `tokenize_part` job or the merge)."""
-    tokens = dataset_tokens(config, dataset)
-    parts = tokenize_parts(config, dataset)
-    cpus = tokenize_cpus(config, dataset)
-    rate = tokenize_rate(config, dataset)
-    max_runtime = config["cluster"]["max_runtime"]
-    how = f"{tokens:.3g} tokens at {rate:.3g}/s ({cpus} cores;"
-    how += f" {basis('tokenize', 'tokens_per_s_per_core')} a core)"
-    if parts == 1:
-        estimate, rule, name, disk = tokens / rate + 60, "tokenize", dataset, 2 * tokens
-    elif part:  # a part: its share of the raw files
-        estimate, rule, name, disk = tokens / parts / rate + 60, "tokenize_part", part, 0.0
-        how = f"1/{parts} of {how}"
-    else:  # the shards cut from the parts' streams: reading and writing 2 bytes a token
-        estimate = 4 * tokens / figure("io", "disk_bytes_per_s") + 60
-        rule, name, disk = "tokenize", dataset, 2 * tokens
-        how = f"shards from {parts} parts: {4 * tokens / 1e9:.3g} GB read and written"
+def download_job(config: dict[str, Any], dataset: str) -> Job:
+    """A local rule (where the internet is): the raw bytes of the dataset's tokens."""
+    raw = costs.dataset_tokens(config, dataset) * figure("tokenize", "raw_bytes_per_token")
     return Job(
-        rule, name, "cpu", cpus=cpus, mem_mb=int(figure("tokenize", "mem_mb")), estimate_s=estimate,
-        disk_bytes=disk, limit_min=derived_limit(estimate, max_runtime), basis=how,
+        "download", dataset, "", estimate_s=raw / figure("io", "download_bytes_per_s"),
+        disk_bytes=raw, basis=f"{raw / 1e9:.3g} GB (local rule: where the internet is)",
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class EvalCost:
-    """One evaluation during training (its section's during_training) against the training it
-    interrupts."""
-
-    name: str
-    every: int
-    evals: int  # at step 0, every `every` steps, and at the last
-    items: int  # scored each time (all its tasks')
-    seconds: float  # all its evals
-    share: float  # of training's time (each at its own FLOP/s)
-    flops_share: float  # of training's FLOPs
-
-
-@dataclass(frozen=True)
-class InTrainingCost:
-    """Every evaluation during training of a run, together."""
-
-    parts: list[EvalCost]
-
-    @property
-    def seconds(self) -> float:
-        return sum(p.seconds for p in self.parts)
-
-    @property
-    def share(self) -> float:
-        return sum(p.share for p in self.parts)
-
-    @property
-    def flops_share(self) -> float:
-        return sum(p.flops_share for p in self.parts)
-
-    def part(self, name: str) -> EvalCost | None:
-        return next((p for p in self.parts if p.name == name), None)
-
-
-def forward_flops_of_items(
-    model: lmconfig.ModelConfig, tokens: float, head_positions: float, row: float
-) -> float:
-    """Forward FLOPs of an item packed as `tokens` through the model (rows of `row` tokens, the
-    attention term's length) at 2N + 2LCT a token less the LM head's 2VC (V padded), plus the
-    head at the `head_positions` where an answer's token is predicted."""
-    head = 2 * model.padded_vocab_size * model.n_embd
-    return tokens * (forward_flops_per_token(model, row) - head) + head_positions * head
-
-
-def suite_item_count(task: str, limit: int | None) -> int:
-    """Items of a suite task each eval: the first `limit`, or all (MMLU: of each of its 57
-    subjects)."""
-    total = SUITE_TASKS[task].items
-    if limit is None:
-        return total
-    return min(total, limit * (57 if task == "mmlu" else 1))
-
-
-def suite_eval_flops(
-    config: dict[str, Any], rc: lmconfig.RunConfig, settings: dict[str, Any]
-) -> tuple[int, float]:
-    """(items, forward FLOPs) of one eval of the suite's tasks during training: each item's
-    tokens through the model (SuiteTask.item_tokens), its rows' length the attention's."""
-    items, flops = 0, 0.0
-    for task in settings["tasks"]:
-        n = suite_item_count(task, settings["items"])
-        tokens, head_positions = SUITE_TASKS[task].item_tokens
-        row = tokens / SUITE_TASKS[task].choices  # the attention term's length, roughly
-        items += n
-        flops += n * forward_flops_of_items(rc.model, tokens, head_positions, row)
-    return items, flops
-
-
-def hellaswag_items(config: dict[str, Any], file: str, wanted: int) -> int:
-    """Items the run's HellaSwag file gives of the `wanted` first: fewer where the file is
-    there and holds fewer (the embedded sample's 503); `wanted` before it is downloaded."""
-    path = Path(config["hellaswag"][file])
-    if not path.is_file():
-        return wanted
-    with open(path, encoding="utf-8") as f:
-        return min(wanted, sum(1 for line in f if line.strip()))
-
-
-def hellaswag_eval_flops(
-    config: dict[str, Any], rc: lmconfig.RunConfig, settings: dict[str, Any]
-) -> tuple[int, float]:
-    """(items, forward FLOPs) of one HellaSwag eval during training: each item's tokens packed
-    (HELLASWAG_ITEM_TOKENS), a row's length hellaswag_tokens_per_item / 4."""
-    items = hellaswag_items(config, settings["file"], settings["items"])
-    row = figure("eval", "hellaswag_tokens_per_item") / 4
-    return items, items * forward_flops_of_items(rc.model, *HELLASWAG_ITEM_TOKENS, row)
-
-
-def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> InTrainingCost | None:
-    """The cost of a run's evaluations during training (lmpipe.config.in_training), each by the
-    cost function its registry entry names; None when it has none. Training runs 6N + 6LCT a
-    token (T = seq_len); each at its own FLOP/s (eval's, train's)."""
-    rc = lmconfig.run_config(config, run)
-    t = rc.train
-    steps = t.max_steps or fine_tuning_steps(config, rc)
-    evaluations = lmconfig.in_training(rc)
-    if not evaluations or not steps:
-        return None
-    train_flops = steps * t.batch_tokens * train_flops_per_token(rc.model, t.seq_len)
-    devices = rc.launch.world_size if rc.launch.device == "cuda" else 1  # CPU ranks share cores
-    eval_rate = device_flops(rc, gpu, "eval")[0] * devices
-    train_s = train_flops / (device_flops(rc, gpu, "train")[0] * devices)
-    parts = []
-    for name, settings in evaluations.items():
-        module, function = EVALUATIONS[name].during_training.cost.split(":")
-        items, flops = getattr(importlib.import_module(module), function)(config, rc, settings)
-        every = settings["every"]
-        evals = steps // every + 1 + (1 if steps % every else 0)
-        seconds = evals * flops / eval_rate
-        parts.append(
-            EvalCost(
-                name, every, evals, items, seconds, seconds / train_s, evals * flops / train_flops
-            )
-        )
-    return InTrainingCost(parts)
-
-
-def in_training_basis(cost: InTrainingCost) -> str:
-    """The train job's basis for its evaluations during training."""
-    each = ", ".join(
-        f"{p.name} every {p.every} steps ({p.evals} x {p.items} items: {p.share:.1%})"
-        for p in cost.parts
-    )
-    return (
-        f"; during training {each}: {cost.share:.1%} of training"
-        f" ({cost.flops_share:.2%} of its FLOPs)"
-    )
-
-
-def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
-    rc = lmconfig.run_config(config, run)
-    t, launch = rc.train, rc.launch
-    steps = t.max_steps or fine_tuning_steps(config, rc)
-    tokens = steps * t.batch_tokens
-    flops_a_device, how = device_flops(rc, gpu, "train")
-    devices = launch.world_size if launch.device == "cuda" else 1  # CPU ranks share the cores
-    train_s = tokens * train_flops_per_token(rc.model, t.seq_len) / (flops_a_device * devices)
-    validations = steps // t.val_every if t.val_every else 1
-    val_s = (
-        validations * t.val_tokens * forward_flops_per_token(rc.model, t.seq_len)
-        / (flops_a_device * devices)
-    )  # fmt: skip
-    n = num_params(rc.model)
-    checkpoint_bytes = 12 * n  # fp32 params and AdamW's two moments
-    saves = steps // t.checkpoint_every if t.checkpoint_every else 0
-    io_s = (saves * checkpoint_bytes + 4 * n) / figure("io", "disk_bytes_per_s")
-    evals = in_training_eval(config, run, gpu)
-    work_s = train_s + val_s + (evals.seconds if evals else 0.0) + io_s
-    startup = startup_s(rc, "train")
-    basis = f"{tokens:.3g} tokens; {how}" + (in_training_basis(evals) if evals else "")
-    job = Job(
-        "train", run, launch.device, gpus=devices if launch.device == "cuda" else 0,
-        nodes=launch.nodes, cpus=launch.cpus_per_task, mem_mb=launch.mem_mb,
-        limit_min=launch.runtime, basis=basis,
-        disk_bytes=(t.keep_checkpoints * checkpoint_bytes) + 4 * n,
-        gpu_mem_gb=gpu_memory_gb(rc) if launch.device == "cuda" else None,
-    )  # fmt: skip
-    usable = launch.runtime * 60 - launch.signal_seconds - startup
-    if usable <= 0:
-        job.jobs_in_a_row = math.inf
-        job.problems.append(
-            f"launch.runtime {launch.runtime} min leaves no time to train after the start"
-            f" ({startup:.0f} s) and the signal ({launch.signal_seconds} s)"
-        )
-    else:
-        job.jobs_in_a_row = max(1, math.ceil(work_s / usable))
-    job.estimate_s = work_s + startup * min(job.jobs_in_a_row, 10**6)
-    allowed = retries() + 1
-    if job.jobs_in_a_row > allowed:
-        job.problems.append(
-            f"needs {job.jobs_in_a_row} jobs of {launch.runtime} min in a row; the slurm profile"
-            f" allows {allowed} (retries: {retries()}): raise launch.runtime or retries"
-        )
-    if launch.runtime > config["cluster"]["max_runtime"]:
-        job.problems.append(
-            f"launch.runtime {launch.runtime} min is over the partition's"
-            f" cluster.max_runtime {config['cluster']['max_runtime']}"
-        )
+def export_llmc_job(config: dict[str, Any], run: str) -> Job:
+    """A CPU job of one core (the rule asks for no GPU): the weights read, llm.c's file written."""
+    job = costs.convert_job(config, run)
+    job.rule, job.gpus, job.cpus = "export_llmc", 0, 1
+    job.disk_bytes /= 2
     return job
 
 
-def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:
-    """A fine-tuning run's steps, from its epochs and the conversations it will keep (a local
-    file's count, less the held-out share); 0 when the data is on the hub (unknown yet)."""
-    d = config["datasets"][rc.dataset]
-    if d["source"] != "local" or not Path(d["path"]).is_file():
-        return 0
-    text = Path(d["path"]).read_text()
-    try:
-        count = len(json.loads(text))
-    except json.JSONDecodeError:
-        count = sum(1 for line in text.splitlines() if line.strip())
-    rows = int(count * (1 - d["val_percent"] / 100))
-    return rc.sft.epochs * (rows // (rc.train.batch_tokens // rc.train.seq_len))
+# rule -> function(config, its wildcards, the GPU asked for) -> its Job; the profile's default
+# resources (slurm/config.yaml: 8 GB, 2 hours) where a rule asks for no others
+RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None], Job]] = {
+    "download": lambda c, w, gpu: download_job(c, w["dataset"]),
+    "download_hellaswag": lambda c, w, gpu: Job(
+        "download_hellaswag", "", "", estimate_s=30, disk_bytes=60e6, basis="local rule"
+    ),
+    "download_suite": lambda c, w, gpu: Job(
+        "download_suite", "", "", estimate_s=30, disk_bytes=60e6, basis="local rule"
+    ),
+    "tokenize_part": lambda c, w, gpu: costs.tokenize_job(
+        c, w["dataset"], f"{w['dataset']}/{w['part']}"
+    ),
+    "tokenize": lambda c, w, gpu: costs.tokenize_job(c, w["dataset"]),
+    "prepare_conversations": lambda c, w, gpu: Job(
+        "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
+    ),
+    "train": lambda c, w, gpu: costs.train_job(c, w["run"], gpu),
+    "convert": lambda c, w, gpu: costs.convert_job(c, w["run"]),
+    "export_llmc": lambda c, w, gpu: export_llmc_job(c, w["run"]),
+    "evaluate": lambda c, w, gpu: costs.eval_job(c, w["run"], w["eval"], gpu),
+    "report": lambda c, w, gpu: Job(
+        "report", w["report"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
+    ),
+}
+RULE_ORDER = list(RULE_COSTS)  # the stages in the order they run
 
 
-def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how: str) -> Job:
-    """A convert or evaluate job: one GPU of the run's kind (and its share of the node) for a GPU
-    run; for a CPU run, two cores to evaluate and one to convert."""
-    rc = lmconfig.run_config(config, run)
-    launch = rc.launch
+class PlanError(ValueError):
+    """A job the plan cannot cost; the message names its rule."""
+
+
+def cost_jobs(config: dict[str, Any], jobs: list[DagJob], gpu: str | None = None) -> list[Job]:
+    """Each of the DAG's `jobs` costed, in the order the stages run; a job whose estimate is over
+    its time limit is flagged."""
+    unknown = sorted({job.rule for job in jobs if job.rule not in RULE_COSTS})
+    if unknown:
+        raise PlanError(
+            f"rule(s) {', '.join(unknown)}: no cost in lmpipe.plan.RULE_COSTS; add one there"
+        )
+    ordered = sorted(jobs, key=lambda job: RULE_ORDER.index(job.rule))
+    planned = [RULE_COSTS[job.rule](config, job.wildcards, gpu) for job in ordered]
+    for job in planned:
+        flag_over_limit(config, job)
+    return planned
+
+
+def flag_over_limit(config: dict[str, Any], job: Job) -> None:
     max_runtime = config["cluster"]["max_runtime"]
-    if launch.device == "cuda":
-        share = launch.procs_per_node
-        job = Job(
-            rule, "", "cuda", gpus=1, cpus=max(1, launch.cpus_per_task // share),
-            mem_mb=max(8000, launch.mem_mb // share),
-        )  # fmt: skip
-    else:
-        job = Job(rule, "", "cpu", cpus=2 if rule == "evaluate" else 1, mem_mb=8000)
-    job.estimate_s, job.basis = estimate, how
-    job.limit_min = derived_limit(estimate, max_runtime)
-    return job
-
-
-def convert_job(config: dict[str, Any], run: str) -> Job:
-    rc = lmconfig.run_config(config, run)
-    n = num_params(rc.model)
-    rate = figure("io", "disk_bytes_per_s")
-    estimate = startup_s(rc, "eval") + 12 * n / rate  # read 4N, write 4N + 4N
-    job = model_job(config, "convert", run, estimate, f"{12 * n / 1e9:.2f} GB read and written")
-    job.name, job.disk_bytes = run, 8 * n
-    return job
-
-
-def eval_tokens(config: dict[str, Any], rc: lmconfig.RunConfig, evaluation: str) -> float:
-    """Tokens an evaluation runs through the model (forward only): its registry entry's cost."""
-    entry = EVALUATIONS[evaluation]
-    run = EvalRun(config, rc, lmconfig.chat_dataset(config, rc.name))
-    return entry.cost(rc.eval[entry.section], run)
-
-
-def eval_job(config: dict[str, Any], run: str, evaluation: str, gpu: str | None) -> Job:
-    rc = lmconfig.run_config(config, run)
-    flops_a_device, how = device_flops(rc, gpu, "eval")
-    tokens = eval_tokens(config, rc, evaluation)
-    compute = tokens * forward_flops_per_token(rc.model, rc.model.block_size) / flops_a_device
-    estimate = startup_s(rc, "eval") + compute
-    job = model_job(config, "evaluate", run, estimate, f"{tokens:.3g} tokens forward; {how}")
-    job.name = f"{run}/{evaluation}"
-    return job
-
-
-def plan_report(config: dict[str, Any], report: str, gpu: str | None = None) -> list[Job]:
-    """Every job of `results/report_{report}.html`, in the order they run."""
-    runs = config["reports"][report]["runs"]
-    text = sorted({lmconfig.text_dataset(config, r) for r in runs})
-    chats = sorted({c for r in runs if (c := lmconfig.chat_dataset(config, r))})
-    jobs = []
-    for dataset in text:
-        tokens = dataset_tokens(config, dataset)
-        raw = tokens * figure("tokenize", "raw_bytes_per_token")
-        jobs.append(
-            Job(
-                "download",
-                dataset,
-                "",
-                estimate_s=raw / figure("io", "download_bytes_per_s"),
-                disk_bytes=raw,
-                basis=f"{raw / 1e9:.3g} GB (local rule: where the internet is)",
-            )  # fmt: skip
+    if job.rule != "train" and job.limit_min is not None and job.estimate_s > job.limit_min * 60:
+        job.problems.append(
+            f"estimated {fmt_time(job.estimate_s)}, over its time limit of {job.limit_min} min"
+            + (" (the partition's cluster.max_runtime)" if job.limit_min == max_runtime else "")
         )
-        parts = tokenize_parts(config, dataset)
-        if parts > 1:
-            jobs += [tokenize_job(config, dataset, f"{dataset}/{i:03d}") for i in range(parts)]
-        jobs.append(tokenize_job(config, dataset))
-    for dataset in chats:
-        jobs.append(
-            Job("prepare_conversations", dataset, "cpu", mem_mb=8000, estimate_s=60, limit_min=120)
-        )
-    if any(lmconfig.run_config(config, r).eval["hellaswag"].file == "full" for r in runs):
-        jobs.append(Job("download_hellaswag", "", "", estimate_s=30, disk_bytes=60e6))
-    for run in runs:
-        jobs.append(train_job(config, run, gpu))
-        jobs.append(convert_job(config, run))
-        if lmconfig.exports_llmc(config, run):
-            llmc = convert_job(config, run)
-            # a CPU job of one core (the rule asks for no GPU): the weights read, llm.c's written
-            llmc.rule, llmc.gpus, llmc.cpus = "export_llmc", 0, 1
-            llmc.disk_bytes /= 2
-            jobs.append(llmc)
-        jobs += [eval_job(config, run, e, gpu) for e in lmconfig.evaluations_of(config, run)]
-    # the profile's default resources (slurm/config.yaml): 8 GB, 2 hours
-    jobs.append(Job("report", report, "cpu", mem_mb=8000, estimate_s=60, limit_min=120))
-    max_runtime = config["cluster"]["max_runtime"]
-    for job in jobs:
-        if (
-            job.rule != "train"
-            and job.limit_min is not None
-            and job.estimate_s > job.limit_min * 60
-        ):
-            job.problems.append(
-                f"estimated {fmt_time(job.estimate_s)}, over its time limit of {job.limit_min} min"
-                + (" (the partition's cluster.max_runtime)" if job.limit_min == max_runtime else "")
-            )
-    return jobs
 
 
 def report_plan(config: dict[str, Any], report: str) -> str:
@@ -513,7 +113,7 @@ def report_plan(config: dict[str, Any], report: str) -> str:
     price = config["reports"][report]["gpu_hour_price"]
     runs = {}
     for run in config["reports"][report]["runs"]:
-        job = train_job(config, run, None)
+        job = costs.train_job(config, run, None)
         runs[run] = {
             "train_s": job.estimate_s,
             "gpu_hours": job.gpu_hours if job.gpus else None,
@@ -524,22 +124,6 @@ def report_plan(config: dict[str, Any], report: str) -> str:
             "problems": job.problems,
         }
     return lmconfig.canonical_json(runs)
-
-
-def job_resources(config: dict[str, Any], rule: str, run_or_dataset: str, evaluation: str = ""):
-    """The resources the rules ask for: {cpus, mem_mb, runtime, gres} (gres None: no GPU)."""
-    if rule == "tokenize":
-        job = tokenize_job(config, run_or_dataset)
-    elif rule == "tokenize_part":
-        job = tokenize_job(config, run_or_dataset, "part")
-    elif rule == "convert":
-        job = convert_job(config, run_or_dataset)
-    elif rule == "evaluate":
-        job = eval_job(config, run_or_dataset, evaluation, None)
-    else:
-        raise ValueError(f"no derived resources for rule {rule!r}")
-    gres = lmconfig.run_config(config, run_or_dataset).launch.gres(job.gpus) if job.gpus else None
-    return {"cpus": job.cpus, "mem_mb": job.mem_mb, "runtime": job.limit_min, "gres": gres}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -563,37 +147,32 @@ def fmt_bytes(n: float) -> str:
     return f"{n / 1e3:.3g} kB" if n else "—"
 
 
+def job_row(j: Job) -> tuple[str, ...]:
+    """A job's line of the table: what it asks for, its estimate, limit, disk, GPU-hours."""
+    if j.device == "":
+        res = "local rule"
+    elif j.gpus:
+        res = f"{j.gpus} GPU, {j.nodes} node, {j.cpus} CPU, {j.mem_mb // 1000} GB"
+    else:
+        res = f"{j.cpus} CPU, {j.mem_mb // 1000} GB"
+    limit = "—" if j.limit_min is None else f"{j.limit_min} min"
+    if j.rule == "train" and j.jobs_in_a_row > 1:
+        limit += f" x{j.jobs_in_a_row}"
+    return (
+        f"{j.rule} {j.name}".strip(), res, fmt_time(j.estimate_s), limit, fmt_bytes(j.disk_bytes),
+        f"{j.gpu_hours:.1f}" if j.gpus else "—",
+        f"{j.gpu_mem_gb:.0f} GB" if j.gpu_mem_gb else "—", j.basis,
+    )  # fmt: skip
+
+
 def format_plan(jobs: list[Job], price: float, report: str) -> str:
     head = ("job", "resources", "estimate", "limit", "disk", "GPU-h", "GPU mem", "basis")
-    rows = []
-    for j in jobs:
-        if j.device == "":
-            res = "local rule"
-        elif j.gpus:
-            res = f"{j.gpus} GPU, {j.nodes} node, {j.cpus} CPU, {j.mem_mb // 1000} GB"
-        else:
-            res = f"{j.cpus} CPU, {j.mem_mb // 1000} GB"
-        limit = "—" if j.limit_min is None else f"{j.limit_min} min"
-        if j.rule == "train" and j.jobs_in_a_row > 1:
-            limit += f" x{j.jobs_in_a_row}"
-        rows.append(
-            (
-                f"{j.rule} {j.name}".strip(),
-                res,
-                fmt_time(j.estimate_s),
-                limit,
-                fmt_bytes(j.disk_bytes),
-                f"{j.gpu_hours:.1f}" if j.gpus else "—",
-                f"{j.gpu_mem_gb:.0f} GB" if j.gpu_mem_gb else "—",
-                j.basis,
-            )  # fmt: skip
-        )
+    rows = [job_row(j) for j in jobs]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(head, widths, strict=True)).rstrip()]
+    lines = ["   " + "  ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)).rstrip()]
     for job, row in zip(jobs, rows, strict=True):
-        line = "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
         lines.append(("!! " if job.problems else "   ") + line)
-    lines[0] = "   " + lines[0]
     gpu_hours = sum(j.gpu_hours for j in jobs)
     disk = sum(j.disk_bytes for j in jobs)
     lines.append("")
@@ -607,7 +186,7 @@ def format_plan(jobs: list[Job], price: float, report: str) -> str:
     if not problems:
         lines.append("every job fits its time limit")
     lines.append(f"(throughputs: {THROUGHPUTS.relative_to(REPO_ROOT)}; GPU memory: a rough"
-                 " upper bound, lmpipe.plan.gpu_memory_gb)")  # fmt: skip
+                 " upper bound, lmpipe.costs.gpu_memory_gb)")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -628,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     report = match.group(1) if match else args.target
     if report not in config["reports"]:
         p.error(f"no report {report!r} in {args.config} (reports: {', '.join(config['reports'])})")
-    jobs = plan_report(config, report, args.gpu)
+    files = [str(Path(f).resolve()) for f in [args.config, *args.configfile]]
+    dag = target_jobs(lmconfig.layout(config).report(report), files, Path.cwd())
+    jobs = cost_jobs(config, dag, args.gpu)
     print(format_plan(jobs, config["reports"][report]["gpu_hour_price"], report))
     return 1 if any(j.problems for j in jobs) else 0
 

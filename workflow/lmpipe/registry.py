@@ -305,7 +305,7 @@ class Column:
 
 @dataclass(frozen=True)
 class EvalRun:
-    """What an evaluation's cost may read of the run it scores. lmpipe.plan builds it: the
+    """What an evaluation's cost may read of the run it scores. lmpipe.costs builds it: the
     registry cannot import lmpipe.config (which imports the registry)."""
 
     config: dict[str, Any]  # the checked config
@@ -322,7 +322,7 @@ class TrainingScorer:
     # -> an evaluator (lmpipe.train.evaluators: due(step, max_steps), __call__(model, step))
     build: str
     # "module:function", function(config, run config, settings: dict) -> (items, forward FLOPs)
-    # of one such eval: lmpipe.plan adds them to the train job's estimate
+    # of one such eval: lmpipe.costs adds them to the train job's estimate
     cost: str
     reads: tuple[str, ...] = ()  # section settings it reads besides its schedule (the file)
 
@@ -335,7 +335,7 @@ class Evaluation:
     run: str  # "module:function", function(settings, model_dir, inputs, device) -> result dict
     section: str  # the run's eval.<section> it reads; several evaluations may share a section
     settings: type  # that section's dataclass of `setting()` fields (the schema is built from it)
-    # forward tokens through the model for one run (settings, EvalRun) -> tokens; lmpipe.plan
+    # forward tokens through the model for one run (settings, EvalRun) -> tokens; lmpipe.costs
     # turns them into FLOPs, time and the job's time limit. Required: none goes uncosted
     # (tests/test_plan.py holds each positive where it applies)
     cost: Callable[[Any, EvalRun], float]
@@ -355,7 +355,7 @@ class Evaluation:
 # Beside the entries, so that an evaluation is read (and added) in one place. The ground allows
 # it: they read the settings, the measured throughputs (lmpipe.throughputs) and the suite's task
 # table (a definition module); what they need of the config comes in an EvalRun, which
-# lmpipe.plan (above the registry) builds.
+# lmpipe.costs (above the registry) builds.
 
 CHAT_PROMPTS = 4  # lmpipe.chat.evals.CHAT_PROMPTS and lmpipe.eval.samples.PROMPTS (4 each)
 # a HellaSwag item as the native scorer runs it (llm.c scoring, lmpipe.eval.packing): (tokens
@@ -418,7 +418,7 @@ EVALUATIONS: dict[str, Evaluation] = {
             columns=(Column("hellaswag", "HellaSwag acc_norm (llm.c scoring)", "acc_norm", "pct"),),
             description="HellaSwag, native batched scorer, llm.c's scoring",
             during_training=TrainingScorer(
-                "lmpipe.train.evaluators:hellaswag", "lmpipe.plan:hellaswag_eval_flops", ("file",)
+                "lmpipe.train.evaluators:hellaswag", "lmpipe.costs:hellaswag_eval_flops", ("file",)
             ),
         ),
         Evaluation(
@@ -446,7 +446,7 @@ EVALUATIONS: dict[str, Evaluation] = {
             columns=(Column("suite_core", "core average (suite)", "value", "pct"),),
             description="the zero-shot suite, native batched scorer (lm-eval's scoring)",
             during_training=TrainingScorer(
-                "lmpipe.train.evaluators:suite", "lmpipe.plan:suite_eval_flops"
+                "lmpipe.train.evaluators:suite", "lmpipe.costs:suite_eval_flops"
             ),
         ),
         Evaluation(

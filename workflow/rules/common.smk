@@ -2,7 +2,6 @@
 # Arithmetic, config slicing and the lists of pluggable parts live in torch-free lmpipe modules
 # (lmpipe.config, lmpipe.registry), covered by pytest.
 
-import math
 import os
 import re
 import shlex
@@ -19,9 +18,10 @@ shell.prefix(
 
 from lmpipe import config as lmconfig
 from lmpipe import plan as lmplan
+from lmpipe import resources as lmresources
 from lmpipe import schema as lmschema
 from lmpipe import sweeps as lmsweeps
-from lmpipe.registry import ARCHITECTURES, EVALUATIONS
+from lmpipe.registry import EVALUATIONS
 
 # Snakemake's validate() against workflow/schemas/, then the registry's sections and the
 # cross-field checks; an error is one line naming the YAML path (lmpipe.schema.validate). The
@@ -48,10 +48,10 @@ def get_run(wildcards):
 
 
 def get_tokenize_inputs(wildcards):
-    """The raw files; when the dataset is tokenized in parts (lmpipe.plan.tokenize_parts), the
+    """The raw files; when the dataset is tokenized in parts (lmpipe.resources.tokenize_parts), the
     parts' token streams too, which the shards are cut from."""
     inputs = {"raw": LAYOUT.raw_manifest(wildcards.dataset)}
-    parts = lmplan.tokenize_parts(config, wildcards.dataset)
+    parts = lmresources.tokenize_parts(config, wildcards.dataset)
     if parts > 1:
         inputs["parts"] = [
             LAYOUT.token_part(wildcards.dataset, i) for i in range(parts)
@@ -135,29 +135,22 @@ def get_wandb_arg(wildcards, input):
     return f"--wandb {shlex.quote(settings)}" if settings else ""
 
 
-# SLURM resources of tokenize, convert and evaluate: derived by lmpipe.plan from the run (one GPU
+# SLURM resources of tokenize, convert and evaluate: derived by lmpipe.resources from the run (one GPU
 # of its kind for a GPU run's convert and evaluate) and from measured throughputs (the time limit:
 # twice the estimate plus 10 minutes); `python -m lmpipe.plan` prints them
 
 
 def get_derived(wildcards, rule, key):
     name = wildcards.get("dataset") or wildcards.run
-    return lmplan.job_resources(config, rule, name, wildcards.get("eval", ""))[key]
+    return lmresources.job_resources(config, rule, name, wildcards.get("eval", ""))[key]
 
 
 # SLURM resources of the train rule, from a run's launch settings
 
 
 def get_train_priority(wildcards):
-    """The runs that train longest start first (their FLOPs on a log scale), so that a sweep's
-    biggest point does not start last and hold up the rest on a few cores or a small cluster.
-    """
-    rc = get_run(wildcards)
-    steps = rc.train.max_steps or lmplan.fine_tuning_steps(
-        config, rc
-    )  # fine-tuning: its epochs
-    flops = ARCHITECTURES[rc.model.arch].flops_per_token(rc.model, rc.train.seq_len)
-    return round(10 * math.log10(1 + flops * steps * rc.train.batch_tokens))
+    """Longer trainings first (lmpipe.resources.train_priority: their FLOPs, log scale)."""
+    return lmresources.train_priority(config, wildcards.run)
 
 
 def get_train_gres(wildcards):

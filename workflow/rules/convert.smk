@@ -13,7 +13,7 @@ rule convert:
         LAYOUT.benchmark("convert", "{run}")
     conda:
         "../../envs/convert.yaml"
-    # a GPU run's: one GPU of its kind and its share of a node (lmpipe.plan)
+    # a GPU run's: one GPU of its kind and its share of a node (lmpipe.resources)
     threads: lambda wc: get_derived(wc, "convert", "cpus")
     resources:
         gres=lambda wc: get_derived(wc, "convert", "gres"),

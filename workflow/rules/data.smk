@@ -66,7 +66,7 @@ rule tokenize_part:
         runtime=lambda wc: get_derived(wc, "tokenize_part", "runtime"),
     params:
         cfg=lambda wc: lmconfig.tokenize_params(config, wc.dataset),
-        parts=lambda wc: lmplan.tokenize_parts(config, wc.dataset),
+        parts=lambda wc: lmresources.tokenize_parts(config, wc.dataset),
         tokenizer=config["tokenizer"],
     shell:
         "python -m lmpipe.data tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
@@ -85,7 +85,7 @@ rule tokenize:
         LAYOUT.benchmark("tokenize", "{dataset}")
     conda:
         "../../envs/data.yaml"
-    # a node's CPUs (scaled down to --cores when run locally), memory and time (lmpipe.plan)
+    # a node's CPUs (scaled down to --cores when run locally), memory and time (lmpipe.resources)
     threads: lambda wc: get_derived(wc, "tokenize", "cpus")
     resources:
         mem_mb=lambda wc: get_derived(wc, "tokenize", "mem_mb"),

@@ -16,7 +16,7 @@ rule evaluate:
     conda:
         "../../envs/evaluate.yaml"
     # a GPU run's: one GPU of its kind and its share of a node; a time limit from the
-    # evaluation's estimate (lmpipe.plan)
+    # evaluation's estimate (lmpipe.resources)
     threads: lambda wc: get_derived(wc, "evaluate", "cpus")
     resources:
         gres=lambda wc: get_derived(wc, "evaluate", "gres"),

@@ -16,7 +16,7 @@ interrupted run never leaves a mix of old and new shards.
     python -m lmpipe.data tokenize --config-json J --raw-manifest M --tokenizer resources/gpt2 \
         --out results/data/D/tokens --workers 16
 
-A dataset too large for one job's time limit (lmpipe.plan decides) is tokenized in parts: part i
+A dataset too large for one job's time limit (lmpipe.costs decides) is tokenized in parts: part i
 of K encodes its slice of the raw files into one token stream (`--part i --parts K --out FILE`,
 the shard format, one long "shard"), and the shards are then cut from the parts' streams in order
 (`--from-parts P0 P1 ...`): byte for byte the shards one job would have written.
