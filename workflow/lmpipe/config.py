@@ -7,7 +7,8 @@ config is checked first (lmpipe.schema: schema defaults filled in, one-line erro
   JSON. Rules pass them as `params:`, so Snakemake reruns a stage exactly when its slice changes;
 - the dataclasses below are what a stage builds from that JSON (`TrainJob.from_json`, ...),
   once. Their fields are the settings themselves (lmpipe.settings: type, default, description,
-  constraints): the schema file is generated from them (`python -m lmpipe.schema --write`).
+  constraints): the schema is generated from them (lmpipe.config_schema) each time a config is
+  checked.
 """
 
 from __future__ import annotations

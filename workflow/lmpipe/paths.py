@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 REPORT_TEMPLATES = REPO_ROOT / "workflow" / "report"
 TOKENIZER_DIR = REPO_ROOT / "resources" / "gpt2"  # GPT-2's BPE files, shipped with the repo

@@ -1,8 +1,9 @@
 """Checking a config before any job starts: the schema, the registry's names, cross-field rules.
 
-- `validate(config)` runs Snakemake's own `validate()` against workflow/schemas/config.schema.yaml
-  (filling in defaults; the file is generated from the settings' dataclasses, lmpipe.config_schema,
-  the registry's optimizer, architecture and evaluation settings included), then what a schema
+- `validate(config)` runs Snakemake's own `validate()` against the schema that
+  lmpipe.config_schema generates from the settings' dataclasses (the registry's optimizer,
+  architecture and evaluation settings included; written to a temporary file for Snakemake, which
+  fills in the defaults), then what a schema
   cannot express: an optimizer or an architecture by name, a model's keys (allowed by its
   arch), the cross-field rules. Any error is a ConfigError of one line naming the YAML path, the
   key and, for a typo, the nearest valid key.
@@ -10,7 +11,6 @@
 
     python -m lmpipe.schema config/config.yaml   # check a config: one line for a problem
     python -m lmpipe.schema --print               # the schema, every key
-    python -m lmpipe.schema --write               # regenerate the schema file from the dataclasses
 
 The Snakefile and the by-hand tools use this module; the stage jobs do not (their conda envs
 hold neither Snakemake nor jsonschema): they get the checked slices (lmpipe.config).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,6 @@ from lmpipe.config import (
     optimizer_settings,
     run_config,
 )
-from lmpipe.paths import SCHEMA
 from lmpipe.registry import ARCHITECTURES
 
 SCHEMA_HINT = "  [python -m lmpipe.schema --print shows every key]"
@@ -88,7 +88,10 @@ def _validate(config: dict[str, Any]) -> None:
 
     refuse_moved_keys(config)
     try:
-        snakemake_validate(config, str(SCHEMA))
+        with tempfile.TemporaryDirectory(prefix="lmpipe_schema_") as tmp:
+            schema = Path(tmp) / "config.schema.yaml"  # generated: lmpipe.config_schema
+            schema.write_text(config_schema.render())
+            snakemake_validate(config, str(schema))
     except Exception as e:
         error = _schema_error(e)
         if error is None:
@@ -281,19 +284,12 @@ def check_config(config: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Check a config file, or print or write the schema.")
+    p = argparse.ArgumentParser(description="Check a config file, or print the schema.")
     p.add_argument("config", nargs="?", default="config/config.yaml")
     p.add_argument("--print", action="store_true", help="print the schema (YAML)")
-    p.add_argument(
-        "--write", action="store_true", help=f"regenerate {SCHEMA.name} from the dataclasses"
-    )
     args = p.parse_args(argv)
     if args.print:
         print(config_schema.render(), end="")
-        return 0
-    if args.write:
-        config_schema.write()
-        print(f"wrote {SCHEMA}")
         return 0
     try:
         load_config(args.config)

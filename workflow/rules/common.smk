@@ -23,7 +23,8 @@ from lmpipe import schema as lmschema
 from lmpipe import sweeps as lmsweeps
 from lmpipe.registry import EVALUATIONS
 
-# Snakemake's validate() against workflow/schemas/, then the registry's sections and the
+# Snakemake's validate() against the schema generated from the settings' dataclasses, then the
+# registry's names and the
 # cross-field checks; an error is one line naming the YAML path (lmpipe.schema.validate). The
 # sweeps are expanded into ordinary runs (and their reports sweep-<name>) here, before any rule
 # reads `runs:`: a point is trained, cached and submitted like any run (lmpipe.sweeps).
