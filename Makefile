@@ -20,7 +20,7 @@ demo: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES)
 	@echo "report: $$(pwd)/results/report_embedded.html"
 
-## the embedded sweep: an lr sweep and a 3-size ladder of tiny models (config `sweeps.embedded`),
+## the embedded sweep: an lr sweep and a 4-size ladder of tiny models (config `sweeps.embedded`),
 ## one report comparing them with a fitted power law
 sweep-demo: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_sweep-embedded.html
