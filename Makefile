@@ -33,7 +33,7 @@ TEST_WORKERS ?= 2
 test: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-## unit tests only (about 1.5 minutes on 2 cores, on TEST_WORKERS workers)
+## unit tests only (under 2 minutes on 2 cores, on TEST_WORKERS workers)
 test-fast: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) -m "not slow and not slurm"
 
