@@ -6,7 +6,6 @@ held-out loss, `load_split` below)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from lmpipe.data.loader import DataShare, share_of
+from lmpipe.files import read_json
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,7 @@ def read_manifest(path: str | Path) -> ConversationsManifest:
     """A conversations manifest.json (`kind: conversations`, `seq_len`, `shards` each with
     `file`, `split` and `array`); a missing file, bad JSON or a missing key names the file."""
     path = Path(path)
-    try:
-        m = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: conversations manifest not found") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    m = read_json(path, "conversations manifest")
     if not isinstance(m, dict) or m.get("kind") != "conversations":
         kind = m.get("kind") if isinstance(m, dict) else None
         raise ValueError(f"{path}: not a conversations manifest (kind {kind!r})")

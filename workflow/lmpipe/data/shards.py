@@ -12,13 +12,12 @@ identity in the settings hash).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from lmpipe.files import atomic_file
+from lmpipe.files import atomic_file, read_json
 
 MAGIC = 20240520
 VERSION = 1
@@ -120,12 +119,7 @@ def read_manifest(path: str | Path) -> TokensManifest:
     """A tokens manifest.json: its shards (`file` and `split` required; `tokens`, `sha256`).
     A missing file, bad JSON or a missing key is an error naming the file."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: tokens manifest not found") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    data = read_json(path, "tokens manifest")
     try:
         shards = [
             ManifestShard(path.parent / s["file"], s["split"], s.get("tokens"), s.get("sha256"))
