@@ -71,7 +71,7 @@ def test_load_items_limit_and_labels():
 def test_batched_scorer_equals_naive_forward(hf_dir):
     model = load_hf(hf_dir)
     items = hellaswag.load_items(ITEMS, 6)
-    rows = [r for it in items for r in hellaswag.item_rows(it, ENC, "llmc")]
+    rows = [r for it in items for r in hellaswag.llmc_rows(it, ENC)]
     rows.append((list(range(1000, 1200)), [11, 12, 13]))  # longer than block_size: truncated left
     batched = packing.score_rows(model, rows, batch_rows=7)
     naive = np.array([naive_logprob(model, c, e) for c, e in rows])
@@ -146,12 +146,10 @@ def test_acc_norm_normalisers():
     """acc_norm divides by the ending's tokens (llm.c) or its characters (lm-eval)."""
     item = make_item("The cat sat on the", ["mat and purred.", "mat"], 0)
     item["endings"] += ["zebra", "quantum"]
-    rows = hellaswag.item_rows(item, ENC, "llmc")
+    rows = hellaswag.llmc_rows(item, ENC)
     assert [len(c) for _, c in rows] == [len(ENC.encode_ordinary(" " + e)) for e in item["endings"]]
-    assert hellaswag.normaliser(item, rows, "llmc").tolist() == [len(c) for _, c in rows]
     assert task([item]).items[0].choice_lengths == tuple(len(c) for _, c in rows)
-    lm_norm = hellaswag.normaliser(item, hellaswag.item_rows(item, ENC, "lm_eval"), "lm_eval")
-    assert lm_norm.tolist() == [len("mat and purred."), 3, 5, 7]  # characters, without the space
+    # characters, without the space
     assert task([item], "lm_eval").items[0].choice_lengths == (len("mat and purred."), 3, 5, 7)
 
 

@@ -115,7 +115,7 @@ def test_lm_eval_prompt_is_label_colon_ctx_a_and_capitalised_ctx_b():
 def test_lm_eval_rows_split_the_whole_encoding_at_the_contexts_length():
     """_encode_pair: encode query + " " + choice whole, split at len(encode(query))."""
     it = item(endings=["stirs it.", "eats", "sings", "x"])
-    rows = hellaswag.item_rows(it, ENC, "lm_eval")
+    rows = native.item_rows([hellaswag.task_item(it, ENC, "lm_eval")], ENC)
     query = "Cooking: A man cracks an egg. He"
     for (ctx, cont), choice in zip(rows, it["endings"], strict=True):
         assert ctx == ENC.encode_ordinary(query)
@@ -125,7 +125,7 @@ def test_lm_eval_rows_split_the_whole_encoding_at_the_contexts_length():
 
 def test_llmc_rows_are_ctx_then_space_ending():
     """llm.c: tokens of ctx, then tokens of " " + ending."""
-    rows = hellaswag.item_rows(item(), ENC, "llmc")
+    rows = hellaswag.llmc_rows(item(), ENC)
     assert [ENC.decode(c) for c, _ in rows] == ["A man cracks an egg. he"] * 4
     assert [ENC.decode(e) for _, e in rows] == [
         " stirs it.",
@@ -136,7 +136,7 @@ def test_llmc_rows_are_ctx_then_space_ending():
     with pytest.raises(
         ValueError, match="unknown scoring mode 'mine' .expected one of llmc, lm_eval"
     ):
-        hellaswag.item_rows(item(), ENC, "mine")
+        hellaswag.task_item(item(), ENC, "mine")
 
 
 # ---- acc and acc_norm from the log-likelihoods --------------------------------------------
@@ -156,7 +156,7 @@ def scored(monkeypatch, items, loglik, mode=None):
 def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch):
     """llm.c: acc from the summed log-likelihood, acc_norm from the mean per ending token."""
     it = item(endings=["a", "b c d e f g h", "i", "j"])  # 1, 7, 1, 1 tokens with the space
-    n = [len(e) for _, e in hellaswag.item_rows(it, ENC, "llmc")]
+    n = [len(e) for _, e in hellaswag.llmc_rows(it, ENC)]
     ll = [-3.0 * n[0], -1.0 * n[1], -5.0 * n[2], -4.0 * n[3]]  # per token: -3, -1, -5, -4
     ll[0] = max(ll) + 0.5  # the best sum, a worse mean than ending 1
     r = scored(monkeypatch, [it | {"label": 1}], [ll], "llmc")
@@ -168,7 +168,7 @@ def test_acc_is_the_argmax_of_the_sum_acc_norm_of_the_sum_per_token(monkeypatch)
 def test_acc_norm_divides_by_characters_for_lm_eval_and_by_tokens_for_llmc(monkeypatch):
     """Same log-likelihoods: lm-eval divides by characters, llm.c by tokens: different picks."""
     it = item(endings=["aaaaaaaaaaaaaaaaaaaa", "b", "c", "d"], label=0)  # 20 characters
-    assert len(hellaswag.item_rows(it, ENC, "llmc")[0][1]) < 7  # tokens: -15 / n < -2 / 1
+    assert len(hellaswag.llmc_rows(it, ENC)[0][1]) < 7  # tokens: -15 / n < -2 / 1
     ll = [[-15.0, -2.0, -3.0, -4.0]]
     r = scored(monkeypatch, [it], ll, "lm_eval")
     assert (r.pred, r.pred_norm) == ([1], [0])  # -15 / 20 = -0.75 beats -2 / 1
@@ -289,7 +289,7 @@ def test_llmc_rows_are_the_tasks_own_where_lm_evals_encoding_splits_otherwise():
     it = item(ctx="A man cracks an egg. he ")
     llmc = hellaswag.task_data([it], ENC, "llmc")
     rows = native.item_rows(llmc.items, ENC)
-    assert rows == hellaswag.item_rows(it, ENC, "llmc")
+    assert rows == hellaswag.llmc_rows(it, ENC)
     assert ENC.decode(rows[0][0]).endswith("he ") and ENC.decode(rows[0][1]) == " stirs it."
     lm_evals = native.encode_pair(ENC, it["ctx"], " stirs it.")
     assert lm_evals != rows[0] and ENC.decode(lm_evals[1]) == "  stirs it."

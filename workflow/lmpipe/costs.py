@@ -20,7 +20,6 @@ allow. Torch-free: the Snakefile imports it through lmpipe.resources.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from lmpipe import config as lmconfig
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.hardware import gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
-from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun
+from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun, code
 from lmpipe.throughputs import basis, figure, throughputs
 
 SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
@@ -244,17 +243,17 @@ def forward_flops_of_items(
     """Forward FLOPs of an item packed as `tokens` through the model (rows of `row` tokens, the
     attention term's length) at 2N + 2LCT a token less the LM head's 2VC (V padded), plus the
     head at the `head_positions` where an answer's token is predicted."""
-    head = 2 * model.padded_vocab_size * model.n_embd
+    head = ARCHITECTURES[model.arch].head_flops_per_token(model) / 3  # forward: a third
     return tokens * (forward_flops_per_token(model, row) - head) + head_positions * head
 
 
 def suite_item_count(task: str, limit: int | None) -> int:
-    """Items of a suite task each eval: the first `limit`, or all (MMLU: of each of its 57
+    """Items of a suite task each eval: the first `limit`, or all (MMLU: of each of its
     subjects)."""
     total = SUITE_TASKS[task].items
     if limit is None:
         return total
-    return min(total, limit * (57 if task == "mmlu" else 1))
+    return min(total, limit * max(1, len(SUITE_TASKS[task].subjects)))
 
 
 def suite_eval_flops(
@@ -308,8 +307,7 @@ def in_training_eval(config: dict[str, Any], run: str, gpu: str | None) -> InTra
     train_s = train_flops / (device_flops(rc, gpu, "train")[0] * devices)
     parts = []
     for name, settings in evaluations.items():
-        module, function = EVALUATIONS[name].during_training.cost.split(":")
-        items, flops = getattr(importlib.import_module(module), function)(config, rc, settings)
+        items, flops = code(EVALUATIONS[name].during_training.cost)(config, rc, settings)
         every = settings["every"]
         evals = steps // every + 1 + (1 if steps % every else 0)
         seconds = evals * flops / eval_rate

@@ -18,6 +18,7 @@ Adding a part (docs/architecture.md walks through each):
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,13 @@ class Architecture:
         """The LM head's share of flops_per_token, 6 * V * C (V padded, as the head computes
         it): what a position saves where the head does not run."""
         return 6 * m.padded_vocab_size * m.n_embd
+
+
+def code(ref: str) -> Callable[..., Any]:
+    """The function an entry names as "package.module:function", imported now: by the job that
+    runs it, so that reading the lists imports no torch."""
+    module, function = ref.split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def gpt2_params(m: Any) -> int:

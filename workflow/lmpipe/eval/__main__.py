@@ -16,14 +16,13 @@ not part of the DAG.
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 
 import torch
 
 from lmpipe.config import INPUT_FILES, EvalJob
 from lmpipe.eval.results import default_device, write_result
-from lmpipe.registry import EVALUATIONS
+from lmpipe.registry import EVALUATIONS, code
 
 INPUT_KINDS = sorted(INPUT_FILES)
 REFERENCE_MODEL = "openai-community/gpt2"
@@ -35,11 +34,8 @@ def evaluate(name: str, settings, model_dir: Path, inputs: dict[str, Path], out:
     missing = [kind for kind in entry.inputs if kind not in inputs]
     if missing:
         raise ValueError(f"evaluation {name} needs --{' --'.join(missing)}")
-    module, function = entry.run.split(":")
     torch.manual_seed(0)  # nothing here is random but sampling, which seeds its own generator
-    result = getattr(importlib.import_module(module), function)(
-        settings, Path(model_dir), inputs, default_device()
-    )
+    result = code(entry.run)(settings, Path(model_dir), inputs, default_device())
     write_result(out, result)
 
 

@@ -25,7 +25,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tiktoken
 
 from lmpipe.data.tokenizer import gpt2_encoding
@@ -33,7 +32,7 @@ from lmpipe.eval.results import mean_stderr, produced_by
 from lmpipe.eval.suite import native
 from lmpipe.eval.suite.data import TaskData
 from lmpipe.eval.suite.metrics import TaskScore
-from lmpipe.eval.suite.tasks import DELIMITER, Item, choice_item
+from lmpipe.eval.suite.tasks import Item, choice_item
 from lmpipe.models import load_hf
 from lmpipe.paths import TOKENIZER_DIR
 from lmpipe.registry import HellaSwagSettings
@@ -124,22 +123,11 @@ def lm_eval_prompt(item: dict) -> tuple[str, list[str]]:
     return preprocess(item["activity_label"] + ": " + ctx), [preprocess(e) for e in item["endings"]]
 
 
-def item_rows(item: dict, enc: tiktoken.Encoding, mode: str) -> list[tuple[list[int], list[int]]]:
-    """The four (context tokens, ending tokens) rows of an item under a scoring mode."""
-    if mode == "llmc":
-        ctx = enc.encode_ordinary(item["ctx"])
-        return [(ctx, enc.encode_ordinary(" " + e)) for e in item["endings"]]
-    if mode == "lm_eval":
-        query, choices = lm_eval_prompt(item)
-        return [native.encode_pair(enc, query, DELIMITER + choice) for choice in choices]
-    raise ValueError(f"unknown scoring mode {mode!r} (expected one of {', '.join(MODES)})")
-
-
-def normaliser(item: dict, rows: list[tuple[list[int], list[int]]], mode: str) -> np.ndarray:
-    """acc_norm's divisor of the log-likelihood: ending tokens (llm.c) or characters (lm-eval)."""
-    if mode == "llmc":
-        return np.array([len(cont) for _, cont in rows], dtype=np.float64)
-    return np.array([len(c) for c in lm_eval_prompt(item)[1]], dtype=np.float64)
+def llmc_rows(item: dict, enc: tiktoken.Encoding) -> list[tuple[list[int], list[int]]]:
+    """llm.c's four rows of an item: the context's tokens, then those of " " + ending, each
+    encoded alone (lm-eval's rows are the native scorer's `encode_pair` of its request)."""
+    ctx = enc.encode_ordinary(item["ctx"])
+    return [(ctx, enc.encode_ordinary(" " + e)) for e in item["endings"]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,15 +136,17 @@ def normaliser(item: dict, rows: list[tuple[list[int], list[int]]], mode: str) -
 
 def task_item(item: dict, enc: tiktoken.Encoding, scoring: str) -> Item:
     """One item as the native scorer's `Item` under a scoring option (module docstring)."""
-    if scoring == "lm_eval":
+    if scoring == "lm_eval":  # acc_norm by the choices' characters
         query, choices = lm_eval_prompt(item)
         return choice_item(query, choices, item["label"])  # lm-eval's multiple_choice request
-    rows = item_rows(item, enc, scoring)  # llm.c's, or an error naming the unknown option
+    if scoring != "llmc":
+        raise ValueError(f"unknown scoring mode {scoring!r} (expected one of {', '.join(MODES)})")
+    rows = llmc_rows(item, enc)
     return Item(
         contexts=(item["ctx"],) * NUM_ENDINGS,
         continuations=tuple(" " + e for e in item["endings"]),
         gold=item["label"],
-        choice_lengths=tuple(int(n) for n in normaliser(item, rows, scoring)),
+        choice_lengths=tuple(len(cont) for _, cont in rows),  # acc_norm by the ending's tokens
         rows=tuple((tuple(ctx), tuple(cont)) for ctx, cont in rows),
     )
 

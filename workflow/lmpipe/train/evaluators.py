@@ -19,7 +19,6 @@ The counts of right answers are summed over the data-parallel group.
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from lmpipe.eval.suite.data import TaskData, load_task
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS
 from lmpipe.eval.suite.tasks import Item
 from lmpipe.paths import TOKENIZER_DIR
-from lmpipe.registry import EVALUATIONS
+from lmpipe.registry import EVALUATIONS, code
 from lmpipe.train.parallel import Dist
 
 Row = packing.Row
@@ -264,7 +263,5 @@ def build_evaluators(
                     f" {settings['every']}: {name} during training needs its {kind} input"
                     f" (--eval-input {kind}=PATH)"
                 )
-        module, function = entry.during_training.build.split(":")
-        build = getattr(importlib.import_module(module), function)
-        evaluators.append(build(settings, inputs, d, train))
+        evaluators.append(code(entry.during_training.build)(settings, inputs, d, train))
     return evaluators

@@ -8,7 +8,6 @@ optimizer may give its groups different peaks and they share the schedule's shap
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Any
 
@@ -16,13 +15,12 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from lmpipe.config import ScheduleConfig
-from lmpipe.registry import OPTIMIZERS, AdamWSettings
+from lmpipe.registry import OPTIMIZERS, AdamWSettings, code
 
 
 def build_optimizer(model: torch.nn.Module, settings: Any) -> torch.optim.Optimizer:
     """The optimizer `settings.name` over `model`'s parameters (sharded or not)."""
-    module, function = OPTIMIZERS[settings.name].build.split(":")
-    return getattr(importlib.import_module(module), function)(model, settings)
+    return code(OPTIMIZERS[settings.name].build)(model, settings)
 
 
 def adamw(model: torch.nn.Module, s: AdamWSettings) -> torch.optim.AdamW:
