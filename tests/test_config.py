@@ -308,7 +308,7 @@ def test_the_trainer_and_an_evaluation_read_their_params_back(tmp_path, cfg):
     job = lmconfig.TrainJob.from_json(lmconfig.train_params(config, "embedded-a-chat"))
     assert job.sft == lmconfig.SFTConfig(epochs=10, warmup_ratio=0.04)
     assert job.base == lmconfig.BaseConfig(run="embedded-a")
-    assert job.train.optimizer.weight_decay == 0.0 and job.launch.world_size == 2
+    assert job.train.optimizer.weight_decay == 0.0 and job.launch.world_size == 1
     ev = lmconfig.EvalJob.from_json(lmconfig.eval_params(config, "embedded-a", "hellaswag"))
     assert ev.settings == EVAL_SECTIONS["hellaswag"](file="embedded", items=100)
 

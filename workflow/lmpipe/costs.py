@@ -400,7 +400,8 @@ def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:
 
 def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how: str) -> Job:
     """A convert or evaluate job: one GPU of the run's kind (and its share of the node) for a GPU
-    run; for a CPU run, two cores to evaluate and one to convert."""
+    run; for a CPU run, one core (two evaluations run side by side on two cores, or one beside
+    a training of one rank: the demo's chat fine-tuning)."""
     rc = lmconfig.run_config(config, run)
     launch = rc.launch
     max_runtime = config["cluster"]["max_runtime"]
@@ -411,7 +412,7 @@ def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how:
             mem_mb=max(8000, launch.mem_mb // share),
         )  # fmt: skip
     else:
-        job = Job(rule, "", "cpu", cpus=2 if rule == "evaluate" else 1, mem_mb=8000)
+        job = Job(rule, "", "cpu", cpus=1, mem_mb=8000)
     job.estimate_s, job.basis = estimate, how
     job.limit_min = derived_limit(estimate, max_runtime)
     return job

@@ -166,7 +166,7 @@ class AdamWSettings:
     weight_decay: float = setting(0.1, "on 2-D weights only", minimum=0)
     betas: tuple[float, float] = setting((0.9, 0.95), "Adam's (beta1, beta2)")
     eps: float = setting(1.0e-8, "Adam's epsilon", exclusiveMinimum=0)
-    fused: bool = setting(False, "the fused CUDA kernel (GPU runs)")
+    fused: bool = setting(False, "one fused kernel for the update (CUDA and CPU)")
 
 
 # Muon's defaults: Keller Jordan's Muon (github.com/KellerJordan/Muon, muon.py: momentum 0.95,

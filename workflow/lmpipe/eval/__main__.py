@@ -22,6 +22,7 @@ import torch
 
 from lmpipe.config import INPUT_FILES, EvalJob
 from lmpipe.eval.results import default_device, write_result
+from lmpipe.hardware import keep_freed_memory
 from lmpipe.registry import EVALUATIONS, code
 
 INPUT_KINDS = sorted(INPUT_FILES)
@@ -35,7 +36,10 @@ def evaluate(name: str, settings, model_dir: Path, inputs: dict[str, Path], out:
     if missing:
         raise ValueError(f"evaluation {name} needs --{' --'.join(missing)}")
     torch.manual_seed(0)  # nothing here is random but sampling, which seeds its own generator
-    result = code(entry.run)(settings, Path(model_dir), inputs, default_device())
+    device = default_device()
+    if device == "cpu":
+        keep_freed_memory()
+    result = code(entry.run)(settings, Path(model_dir), inputs, device)
     write_result(out, result)
 
 

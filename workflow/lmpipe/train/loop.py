@@ -39,7 +39,7 @@ from lmpipe import provenance
 from lmpipe.config import TrainConfig, TrainJob, WandbConfig, build, settings_hash
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
-from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops
+from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
 from lmpipe.models import build_model
 from lmpipe.train.attempts import AttemptLog, short_error
 from lmpipe.train.checkpoint import Checkpointer, save_final
@@ -504,6 +504,8 @@ def worker_main(
         stream=sys.stderr,
     )
     args.out.mkdir(parents=True, exist_ok=True)
+    if job.launch.device == "cpu":
+        keep_freed_memory()
     d = init_distributed(job.launch.device)
     try:
         task = make_task(job, args.data, d, args.init)
