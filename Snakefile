@@ -31,6 +31,11 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
+# a failed job's cause on the console: the first error line of its log (lmpipe.failures)
+onerror:
+    lmfailures.report(log)
+
+
 rule all:
     default_target: True
     input:

@@ -56,7 +56,8 @@ def make_workdir(dest: Path) -> Path:
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 1200, check: bool = True):
-    """Run the real `snakemake` CLI in `workdir`; its jobs find this interpreter's `python`."""
+    """Run the real `snakemake` CLI in `workdir` under this interpreter (its jobs run under it too,
+    whatever PATH holds: workflow/rules/common.smk)."""
     import subprocess
     import sys
 

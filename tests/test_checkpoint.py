@@ -315,6 +315,14 @@ def test_the_log_says_what_was_removed_moved_or_not_found(tmp_path, caplog):
     assert f"no usable checkpoint of settings {MINE} in {tmp_path}: starting fresh" in caplog.text
 
 
+def test_a_first_run_starts_at_step_0_without_a_warning(tmp_path, caplog):
+    ckpt = Checkpointer(tmp_path, MINE, every=4, keep=5)
+    with caplog.at_level(logging.INFO, logger="lmpipe.train.checkpoint"):
+        assert ckpt.find_resume() is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert f"no checkpoint in {tmp_path} yet: starting at step 0" in caplog.text
+
+
 def test_rng_files_load_tensors_only(tmp_path):
     """RNG files are loaded with weights_only: a file holding arbitrary objects is refused."""
     ckpt = Checkpointer(tmp_path, MINE, every=4, keep=2)

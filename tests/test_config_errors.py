@@ -248,5 +248,11 @@ def test_plan_names_an_unknown_gpu_model(cfg):
     cfg["runs"]["124m"]["launch"]["gpu_model"] = "mystery9000"
     schema.validate(cfg)
     run = lmconfig.run_config(cfg, "124m")
-    with pytest.raises(ValueError, match=r"^runs\.124m: no known peak for GPU 'mystery9000'"):
+    where = r"^runs\.124m\.launch\.gpu_model: no known peak for GPU 'mystery9000'"
+    with pytest.raises(ValueError, match=where + r".*as launch\.peak_flops"):
         costs.device_flops(run, None, "train")
+    # the peak given: the plan uses it
+    cfg["runs"]["124m"]["launch"]["peak_flops"] = 165e12
+    flops, how = costs.device_flops(lmconfig.run_config(cfg, "124m"), None, "train")
+    assert flops == pytest.approx(165e12 * costs.figure("train", "gpu_mfu"))
+    assert "mystery9000" in how

@@ -220,3 +220,25 @@ def test_dataset_setting_reruns_everything_downstream(built: Path) -> None:
     planned = planned_jobs(built, config)
     assert ("download", "embedded") not in planned  # the raw text does not depend on sharding
     assert planned == expected
+
+
+def test_a_failed_evaluation_is_rebuilt_by_the_default_target_with_the_report(built: Path) -> None:
+    """A real failure (a forced val-loss evaluation on a truncated val shard: Snakemake removes
+    its output), then a real rerun of the default target once the shard is whole again: the
+    evaluation and the report run again, so the report is not left stale."""
+    shard = built / "results/data/embedded/tokens/embedded_val_000000.bin"
+    result = built / "results/runs/embedded-a/eval/val_loss.json"
+    report = built / f"results/report_{REPORT}.html"
+    good, before = shard.read_bytes(), report.stat().st_mtime
+    shard.write_bytes(good[:-4000])
+    try:
+        forced = str(result.relative_to(built))
+        failed = snakemake(built, "--cores", "2", "--forcerun", forced, check=False)
+    finally:
+        shard.write_bytes(good)
+    assert failed.returncode != 0 and not result.exists()
+    assert "truncated or corrupt" in failed.stdout + failed.stderr  # said on the console
+    assert {("evaluate", "embedded-a/val_loss"), ("report", REPORT)} <= planned_jobs(built)
+    snakemake(built, "--cores", "2")
+    assert result.exists() and report.stat().st_mtime > before
+    assert planned_jobs(built) == set()

@@ -83,7 +83,7 @@ def test_the_cli_prints_the_plan_and_fails_on_a_problem(tmp_path, capsys):
     assert plan.main(["results/report_124m.html", "--config", str(CONFIG_FILE)]) == 0
     out = capsys.readouterr().out
     assert "train 124m" in out and "every job fits its time limit" in out
-    assert re.search(r"report 124m: \d+ jobs, [\d.]+ GPU-hours, about \$\d+", out)
+    assert re.search(r"report 124m: \d+ jobs, [\d.]+ GPU-hours, .* about \$\d+", out)
     overlay = tmp_path / "short.yaml"
     overlay.write_text("runs:\n  124m:\n    launch: {runtime: 30}\n")
     args = ["results/report_124m.html", "--config", str(CONFIG_FILE), "--configfile", str(overlay)]
@@ -204,3 +204,64 @@ def test_the_plan_has_every_job_snakemake_runs(config, dags):
     jobs = jobs_of(config, dags["124m"])
     assert "download_suite" in jobs
     assert len(jobs) == len(dags["124m"]) == 14
+
+
+def plan_cli(*args: str):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "lmpipe.plan", "results/report_124m.html", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_an_unknown_gpu_is_one_short_error_naming_the_known_ones_and_how_to_give_a_peak():
+    proc = plan_cli("--gpu", "rtx4090")
+    assert proc.returncode != 0
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) <= 3, lines
+    assert "'rtx4090'" in lines[-1] and "a100, " in lines[-1] and "--gpu rtx4090=" in lines[-1]
+    given = plan_cli("--gpu", "rtx4090=165e12", "--price", "0.5")
+    assert given.returncode == 0, given.stderr
+    assert re.search(r"on rtx4090 at \$0.5/GPU-hour", given.stdout), given.stdout[-500:]
+
+
+def test_the_cost_follows_the_price_of_the_gpu(config, capsys):
+    """The report's price by GPU type (config.yaml: a100 $2, h100 $3): --gpu h100 costs the
+    H100's hours at the H100's price; --price overrides it."""
+    prices = config["reports"]["124m"]["gpu_hour_price"]
+    assert (prices["a100"], prices["h100"]) == (2.0, 3.0)
+
+    def cost_and_hours(*args: str) -> tuple[float, float, str]:
+        assert plan.main(["results/report_124m.html", "--config", str(CONFIG_FILE), *args]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("report "))
+        cost = float(re.search(r"about \$([\d,]+)", line).group(1).replace(",", ""))
+        hours = float(re.search(r"([\d.]+) on (\S+) at", line).group(1))
+        return cost, hours, line
+
+    cost, hours, line = cost_and_hours()
+    assert "on a100 at $2/GPU-hour" in line and cost == pytest.approx(2.0 * hours, abs=1)
+    cost, hours, line = cost_and_hours("--gpu", "h100")
+    assert "on h100 at $3/GPU-hour" in line and cost == pytest.approx(3.0 * hours, abs=1)
+    cost, hours, line = cost_and_hours("--gpu", "h100", "--price", "10")
+    assert cost == pytest.approx(10.0 * hours, abs=1)
+
+
+def test_a_run_without_a_gpu_model_is_planned_as_any_gpu_said_so(config, dags):
+    """SLURM gives any GPU where launch.gpu_model is unset: the plan says what it assumed."""
+    assert config["runs"]["124m"]["launch"].get("gpu_model") is None
+    job = jobs_of(config, dags["124m"])["train 124m"]
+    assert "any GPU (launch.gpu_model unset) as a100" in job.basis
+
+
+def test_a_cpu_run_with_the_gpu_sized_evaluation_defaults_gets_a_word_in_the_plan(config):
+    """The evaluations' defaults are llm.c's (10M val tokens, all of HellaSwag): on a CPU run
+    the plan names each one estimated over 30 minutes, and the section to shrink."""
+    small = copy.deepcopy(config)
+    small["runs"]["embedded-a"]["eval"] |= {"val_loss": {}, "hellaswag": {"file": "embedded"}}
+    schema.validate(small)  # the sections' defaults
+    names = ("val_loss", "hellaswag_lm_eval")
+    slow = plan.slow_on_cpu([costs.eval_job(small, "embedded-a", e, None) for e in names])
+    assert len(slow) == 2 and "eval.val_loss" in slow[0] and "eval.hellaswag" in slow[1], slow
+    assert "on the CPU" in slow[0]
+    shipped = [costs.eval_job(config, "embedded-a", e, None) for e in ("val_loss", "hellaswag")]
+    assert plan.slow_on_cpu(shipped) == []

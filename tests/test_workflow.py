@@ -102,3 +102,51 @@ def test_data_stages_run_for_real_then_nothing_to_do(workdir):
     # a second call with nothing changed runs nothing
     proc = snakemake(workdir, "--cores", "2", manifest)
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_jobs_run_under_snakemakes_python_whatever_path_holds(tmp_path):
+    """The installed `snakemake`, started by its path from a shell whose PATH has no venv on it
+    (a fresh login, a cluster job): its jobs still run under the venv's interpreter, not the
+    machine's `python` (which lacks the pipeline's packages, or does not exist)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    workdir = make_workdir(tmp_path / "wf")
+    venv_bin = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(
+        p for p in ("/usr/local/bin", "/usr/bin", "/bin") if Path(p).is_dir()
+    )
+    manifest = (
+        "results/data/embedded/tokens/manifest.json"  # download + tokenize: tiktoken, pyarrow
+    )
+    proc = subprocess.run(
+        [str(venv_bin / "snakemake"), "--cores", "1", manifest],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((workdir / manifest).read_text())["documents"] == 1000
+
+
+def test_a_failed_jobs_cause_is_said_once_on_the_console(tmp_path):
+    """A truncated shard fails the train job on both ranks: the console names the rule, the run,
+    the shard's message (once) and the log; the log holds each rank's traceback once."""
+    workdir = make_workdir(tmp_path / "wf")
+    tokens = workdir / "results/data/embedded/tokens"
+    snakemake(workdir, "--cores", "1", "results/data/embedded/tokens/manifest.json")
+    shard = tokens / "embedded_train_000001.bin"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 50_000)
+    proc = snakemake(workdir, "--cores", "2", "results/runs/embedded-a/train/final", check=False)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    message = "embedded_train_000001.bin: 951024 bytes but the header says 500000 tokens"
+    assert console.count(message) == 1, console[-3000:]
+    block = console[console.index("lmpipe: train (run=embedded-a) failed") :].splitlines()[:3]
+    assert "ShardError" in block[1] and message in block[1], block
+    assert block[2].strip() == "log: results/logs/train/embedded-a.log", block
+    log = (workdir / "results/logs/train/embedded-a.log").read_text()
+    assert log.count(message) == 2  # rank 0's and rank 1's, not repeated by torchrun's summary
+    assert shard.exists()  # the bad input is named, not removed

@@ -159,6 +159,21 @@ def run_schema() -> dict[str, Any]:
     }
 
 
+# a report's (and a sweep's) price: one figure for any GPU, or one a GPU type, matched against a
+# run's launch.gpu_model as the peaks are (lmpipe.costs.gpu_hour_price)
+GPU_HOUR_PRICE = {
+    "oneOf": [
+        {"type": "number", "minimum": 0},
+        {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": {"type": "number", "minimum": 0},
+        },
+    ],
+    "default": 0.0,
+    "description": "USD per GPU-hour: one figure, or one a GPU type (e.g. {a100: 2.0, h100: 3.0})",
+}
+
 SWEEP = {
     "type": "object",
     "additionalProperties": False,
@@ -186,12 +201,7 @@ SWEEP = {
             "description": "a size ladder: each point's train.max_steps = ceil(tokens_per_param *"
             " parameters / batch_tokens)",
         },
-        "gpu_hour_price": {
-            "type": "number",
-            "minimum": 0,
-            "default": 0.0,
-            "description": "USD per GPU-hour (its report's cost)",
-        },
+        "gpu_hour_price": GPU_HOUR_PRICE,
     },
 }
 
@@ -201,12 +211,7 @@ REPORT = {
     "required": ["runs"],
     "properties": {
         "runs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "gpu_hour_price": {
-            "type": "number",
-            "minimum": 0,
-            "default": 0.0,
-            "description": "USD per GPU-hour",
-        },
+        "gpu_hour_price": GPU_HOUR_PRICE,
     },
 }
 

@@ -31,7 +31,7 @@ import yaml
 
 from lmpipe import config as lmconfig
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
-from lmpipe.hardware import gpu_peak_flops
+from lmpipe.hardware import GPU_BF16_PEAK, by_gpu, gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun, code
 from lmpipe.throughputs import basis, figure, throughputs
@@ -74,19 +74,40 @@ def gpu_name(run: lmconfig.RunConfig, gpu: str | None) -> str:
     return gpu or run.launch.gpu_model or DEFAULT_GPU
 
 
+class UnknownGPU(ValueError):
+    """A GPU without a known peak: the message says which are known and how to give one."""
+
+    def __init__(self, name: str, where: str):
+        known = ", ".join(sorted(GPU_BF16_PEAK))
+        how = f"--gpu {name}=PEAK (e.g. {name}=165e12)" if where == "--gpu" else "launch.peak_flops"
+        super().__init__(
+            f"{where}: no known peak for GPU {name!r} (known: {known}); give its dense bf16"
+            f" FLOP/s as {how} or add it to lmpipe.hardware"
+        )
+
+
+def gpu_hour_price(price: float | dict[str, float], gpu: str) -> float | None:
+    """USD per GPU-hour of `gpu` under a report's `gpu_hour_price`: one figure for any GPU, or
+    a figure by GPU type (matched as the peaks are); None where the mapping has no entry."""
+    return float(price) if isinstance(price, int | float) else by_gpu(price, gpu)
+
+
 def device_flops(run: lmconfig.RunConfig, gpu: str | None, kind: str) -> tuple[float, str]:
     """FLOP/s one device of the run achieves (`kind`: train or eval), and how it is known."""
     if run.launch.device != "cuda":
         return figure(kind, "cpu_flops_per_s"), f"CPU {basis(kind, 'cpu_flops_per_s')}"
     name = gpu_name(run, gpu)
-    peak = gpu_peak_flops(name)
+    peak = gpu_peak_flops(name) or (None if gpu else run.launch.peak_flops)
     if peak is None:
-        raise ValueError(f"runs.{run.name}: no known peak for GPU {name!r} (lmpipe.hardware)")
+        raise UnknownGPU(name, "--gpu" if gpu else f"runs.{run.name}.launch.gpu_model")
+    label = name  # SLURM gives any GPU where the run names none: say what the plan assumed
+    if not gpu and not run.launch.gpu_model:
+        label = f"any GPU (launch.gpu_model unset) as {DEFAULT_GPU}"
     measured = (throughputs()["train"].get("gpu_mfu_measured") or {}).get(run.model_name, {})
     if kind == "train" and name.lower() in measured:
-        return peak * measured[name.lower()], f"{name}, MFU {measured[name.lower()]:.0%} measured"
+        return peak * measured[name.lower()], f"{label}, MFU {measured[name.lower()]:.0%} measured"
     mfu = figure(kind, "gpu_mfu")
-    return peak * mfu, f"{name} peak x MFU {mfu:.0%} {basis(kind, 'gpu_mfu')}"
+    return peak * mfu, f"{label} peak x MFU {mfu:.0%} {basis(kind, 'gpu_mfu')}"
 
 
 def gpu_memory_gb(run: lmconfig.RunConfig) -> float:
@@ -121,6 +142,7 @@ class Job:
     estimate_s: float = 0.0
     disk_bytes: float = 0.0
     basis: str = ""
+    gpu: str = ""  # the GPU type it is estimated on (GPU jobs)
     gpu_mem_gb: float | None = None
     jobs_in_a_row: int = 1  # train: allocations, each resuming the last's checkpoint
     problems: list[str] = field(default_factory=list)
@@ -358,6 +380,7 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
         limit_min=launch.runtime, basis=basis,
         disk_bytes=(t.keep_checkpoints * checkpoint_bytes) + 4 * n,
         gpu_mem_gb=gpu_memory_gb(rc) if launch.device == "cuda" else None,
+        gpu=gpu_name(rc, gpu) if launch.device == "cuda" else "",
     )  # fmt: skip
     usable = launch.runtime * 60 - launch.signal_seconds - startup
     if usable <= 0:
@@ -398,7 +421,9 @@ def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:
     return rc.sft.epochs * (rows // (rc.train.batch_tokens // rc.train.seq_len))
 
 
-def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how: str) -> Job:
+def model_job(
+    config: dict[str, Any], rule: str, run: str, estimate: float, how: str, gpu: str | None
+) -> Job:
     """A convert or evaluate job: one GPU of the run's kind (and its share of the node) for a GPU
     run; for a CPU run, one core (two evaluations run side by side on two cores, or one beside
     a training of one rank: the demo's chat fine-tuning)."""
@@ -409,7 +434,7 @@ def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how:
         share = launch.procs_per_node
         job = Job(
             rule, "", "cuda", gpus=1, cpus=max(1, launch.cpus_per_task // share),
-            mem_mb=max(8000, launch.mem_mb // share),
+            mem_mb=max(8000, launch.mem_mb // share), gpu=gpu_name(rc, gpu),
         )  # fmt: skip
     else:
         job = Job(rule, "", "cpu", cpus=1, mem_mb=8000)
@@ -418,12 +443,13 @@ def model_job(config: dict[str, Any], rule: str, run: str, estimate: float, how:
     return job
 
 
-def convert_job(config: dict[str, Any], run: str) -> Job:
+def convert_job(config: dict[str, Any], run: str, gpu: str | None = None) -> Job:
     rc = lmconfig.run_config(config, run)
     n = num_params(rc.model)
     rate = figure("io", "disk_bytes_per_s")
     estimate = startup_s(rc, "eval") + 12 * n / rate  # read 4N, write 4N + 4N
-    job = model_job(config, "convert", run, estimate, f"{12 * n / 1e9:.2f} GB read and written")
+    read = f"{12 * n / 1e9:.2f} GB read and written"
+    job = model_job(config, "convert", run, estimate, read, gpu)
     job.name, job.disk_bytes = run, 8 * n
     return job
 
@@ -441,6 +467,6 @@ def eval_job(config: dict[str, Any], run: str, evaluation: str, gpu: str | None)
     tokens = eval_tokens(config, rc, evaluation)
     compute = tokens * forward_flops_per_token(rc.model, rc.model.block_size) / flops_a_device
     estimate = startup_s(rc, "eval") + compute
-    job = model_job(config, "evaluate", run, estimate, f"{tokens:.3g} tokens forward; {how}")
+    job = model_job(config, "evaluate", run, estimate, f"{tokens:.3g} tokens forward; {how}", gpu)
     job.name = f"{run}/{evaluation}"
     return job

@@ -23,16 +23,21 @@ GPU_BF16_PEAK: dict[str, float] = {
 CPU_NOMINAL_PEAK = 1e12  # no datasheet for "a CPU": MFU of CPU runs is nominal
 
 
-def gpu_peak_flops(name: str) -> float | None:
-    """The dense bf16 peak of a GPU by name (e.g. "NVIDIA H200", "a100"), or None if unknown.
+def by_gpu(table: dict[str, float], name: str) -> float | None:
+    """`table`'s entry for a GPU by name (e.g. "NVIDIA H200", "a100"), or None if it has none.
 
     The most specific entry wins: "NVIDIA H100 PCIe" is the PCIe card, "NVIDIA H100 80GB HBM3"
     the SXM one."""
     lowered = name.lower()
-    for key in sorted(GPU_BF16_PEAK, key=len, reverse=True):
-        if key in lowered:
-            return GPU_BF16_PEAK[key]
+    for key in sorted(table, key=len, reverse=True):
+        if key.lower() in lowered:
+            return table[key]
     return None
+
+
+def gpu_peak_flops(name: str) -> float | None:
+    """The dense bf16 peak of a GPU by name, or None if unknown."""
+    return by_gpu(GPU_BF16_PEAK, name)
 
 
 def keep_freed_memory() -> bool:

@@ -27,7 +27,9 @@ from lmpipe import config as lmconfig
 from lmpipe import costs
 from lmpipe.costs import Job
 from lmpipe.dag import DagJob, target_jobs
+from lmpipe.hardware import GPU_BF16_PEAK
 from lmpipe.paths import REPO_ROOT
+from lmpipe.registry import EVALUATIONS
 from lmpipe.throughputs import THROUGHPUTS, figure
 
 # ----------------------------------------------------------------------------------------------
@@ -46,7 +48,7 @@ def download_job(config: dict[str, Any], dataset: str) -> Job:
 def export_llmc_job(config: dict[str, Any], run: str) -> Job:
     """A CPU job of one core (the rule asks for no GPU): the weights read, llm.c's file written."""
     job = costs.convert_job(config, run)
-    job.rule, job.gpus, job.cpus = "export_llmc", 0, 1
+    job.rule, job.gpus, job.cpus, job.gpu = "export_llmc", 0, 1, ""
     job.disk_bytes /= 2
     return job
 
@@ -69,7 +71,7 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None], Job
         "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),
     "train": lambda c, w, gpu: costs.train_job(c, w["run"], gpu),
-    "convert": lambda c, w, gpu: costs.convert_job(c, w["run"]),
+    "convert": lambda c, w, gpu: costs.convert_job(c, w["run"], gpu),
     "export_llmc": lambda c, w, gpu: export_llmc_job(c, w["run"]),
     "evaluate": lambda c, w, gpu: costs.eval_job(c, w["run"], w["eval"], gpu),
     "report": lambda c, w, gpu: Job(
@@ -114,10 +116,13 @@ def report_plan(config: dict[str, Any], report: str) -> str:
     runs = {}
     for run in config["reports"][report]["runs"]:
         job = costs.train_job(config, run, None)
+        hour_price = costs.gpu_hour_price(price, job.gpu) if job.gpus else None
         runs[run] = {
             "train_s": job.estimate_s,
             "gpu_hours": job.gpu_hours if job.gpus else None,
-            "cost": job.gpu_hours * price if job.gpus else None,
+            "gpu": job.gpu or None,
+            "gpu_hour_price": hour_price,
+            "cost": None if hour_price is None else job.gpu_hours * hour_price,
             "gpu_mem_gb": job.gpu_mem_gb,
             "jobs_in_a_row": job.jobs_in_a_row,
             "basis": job.basis,
@@ -165,7 +170,40 @@ def job_row(j: Job) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def format_plan(jobs: list[Job], price: float, report: str) -> str:
+def cost_line(jobs: list[Job], price: float | dict[str, float]) -> str:
+    """The GPU-hours' cost at each GPU type's price ("no price" for a type the mapping lacks)."""
+    hours: dict[str, float] = {}
+    for j in jobs:
+        if j.gpus:
+            hours[j.gpu] = hours.get(j.gpu, 0.0) + j.gpu_hours
+    if not hours:
+        return "no GPU-hours"
+    parts, total = [], 0.0
+    for gpu, h in hours.items():
+        p = costs.gpu_hour_price(price, gpu)
+        if p is None:
+            parts.append(f"{h:.1f} on {gpu} at no price (add it to the report's gpu_hour_price)")
+        else:
+            total += h * p
+            parts.append(f"{h:.1f} on {gpu} at ${p:g}/GPU-hour")
+    return f"about ${total:,.0f}: " + "; ".join(parts)
+
+
+CPU_SLOW_S = 30 * 60  # an evaluation of a CPU run estimated over this gets a word in the plan
+
+
+def slow_on_cpu(jobs: list[Job]) -> list[str]:
+    """A line for each evaluation of a CPU run estimated over CPU_SLOW_S: the evaluations'
+    defaults are sized for GPU runs (llm.c's 10M val tokens, all of HellaSwag)."""
+    return [
+        f"evaluate {j.name}: about {fmt_time(j.estimate_s)} on the CPU; a smaller"
+        f" eval.{EVALUATIONS[j.name.split('/')[-1]].section} (tokens, items) finishes sooner"
+        for j in jobs
+        if j.rule == "evaluate" and j.device == "cpu" and j.estimate_s > CPU_SLOW_S
+    ]
+
+
+def format_plan(jobs: list[Job], price: float | dict[str, float], report: str) -> str:
     head = ("job", "resources", "estimate", "limit", "disk", "GPU-h", "GPU mem", "basis")
     rows = [job_row(j) for j in jobs]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
@@ -177,14 +215,15 @@ def format_plan(jobs: list[Job], price: float, report: str) -> str:
     disk = sum(j.disk_bytes for j in jobs)
     lines.append("")
     lines.append(
-        f"report {report}: {len(jobs)} jobs, {gpu_hours:.1f} GPU-hours, about"
-        f" ${gpu_hours * price:,.0f} at ${price:g}/GPU-hour, {fmt_bytes(disk)} on disk"
+        f"report {report}: {len(jobs)} jobs, {gpu_hours:.1f} GPU-hours, {fmt_bytes(disk)} on"
+        f" disk; {cost_line(jobs, price)}"
     )
     problems = [(j, p) for j in jobs for p in j.problems]
     for job, problem in problems:
         lines.append(f"!! {job.rule} {job.name}: {problem}")
     if not problems:
         lines.append("every job fits its time limit")
+    lines += [f"note: {slow}" for slow in slow_on_cpu(jobs)]
     lines.append(f"(throughputs: {THROUGHPUTS.relative_to(REPO_ROOT)}; GPU memory: a rough"
                  " upper bound, lmpipe.costs.gpu_memory_gb)")  # fmt: skip
     return "\n".join(lines)
@@ -197,8 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target", help="results/report_NAME.html (or the report's name)")
     p.add_argument("--config", default="config/config.yaml")
     p.add_argument("--configfile", nargs="*", default=[], help="overlays, as snakemake's")
-    p.add_argument("--gpu", help="estimate for this GPU (default: each run's gpu_model, or a100)")
+    p.add_argument(
+        "--gpu", metavar="NAME[=PEAK]",
+        help="estimate for this GPU (default: each run's gpu_model, or a100); PEAK: its dense"
+        " bf16 FLOP/s, for a GPU lmpipe.hardware does not know (e.g. rtx4090=165e12)",
+    )  # fmt: skip
+    p.add_argument("--price", type=float, help="USD per GPU-hour (default: the report's)")
     args = p.parse_args(argv)
+    if args.gpu and "=" in args.gpu:
+        name, peak = args.gpu.split("=", 1)
+        try:
+            GPU_BF16_PEAK[name.lower()], args.gpu = float(peak), name
+        except ValueError:
+            p.error(f"--gpu {args.gpu}: PEAK must be a number of FLOP/s (e.g. {name}=165e12)")
     config = yaml.safe_load(Path(args.config).read_text())
     for overlay in args.configfile:
         config = merge(config, yaml.safe_load(Path(overlay).read_text()))
@@ -209,8 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no report {report!r} in {args.config} (reports: {', '.join(config['reports'])})")
     files = [str(Path(f).resolve()) for f in [args.config, *args.configfile]]
     dag = target_jobs(lmconfig.layout(config).report(report), files, Path.cwd())
-    jobs = cost_jobs(config, dag, args.gpu)
-    print(format_plan(jobs, config["reports"][report]["gpu_hour_price"], report))
+    try:
+        jobs = cost_jobs(config, dag, args.gpu)
+    except costs.UnknownGPU as e:
+        p.exit(2, f"lmpipe.plan: {e}\n")
+    price = config["reports"][report]["gpu_hour_price"] if args.price is None else args.price
+    print(format_plan(jobs, price, report))
     return 1 if any(j.problems for j in jobs) else 0
 
 

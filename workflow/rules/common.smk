@@ -7,16 +7,32 @@ import re
 import shlex
 import sys
 
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
+
+
+def job_path():
+    """What every job's shell puts first on PATH, so that its `python -m lmpipe.<stage>` is the
+    interpreter Snakemake runs under whatever PATH holds (a shell without the venv activated, a
+    cluster job's login PATH): that interpreter's folder (a venv's or conda env's bin/, which
+    holds its `python`). Nothing under --use-conda or in a container: the env's own `python`.
+    """
+    methods = set(workflow.deployment_settings.deployment_method)
+    if {DeploymentMethod.CONDA, DeploymentMethod.APPTAINER} & methods:
+        return ""
+    return f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:$PATH; "
+
+
 # The rules run `python -m lmpipe.<stage>`: make the package importable without installing it
 # (e.g. in a conda env made from envs/*.yaml), here and in every job's shell.
 LMPIPE_SRC = os.path.join(workflow.basedir, "workflow")
 sys.path.insert(0, LMPIPE_SRC)
 # (the prefix is formatted like a shell command: doubled braces are the shell's own)
 shell.prefix(
-    "export PYTHONPATH=" + shlex.quote(LMPIPE_SRC) + "${{PYTHONPATH:+:$PYTHONPATH}}; "
+    f"{job_path()}export PYTHONPATH={shlex.quote(LMPIPE_SRC)}${{{{PYTHONPATH:+:$PYTHONPATH}}}}; "
 )
 
 from lmpipe import config as lmconfig
+from lmpipe import failures as lmfailures
 from lmpipe import plan as lmplan
 from lmpipe import resources as lmresources
 from lmpipe import schema as lmschema

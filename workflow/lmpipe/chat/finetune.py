@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from lmpipe.chat.loader import (
     ConversationLoader,
@@ -109,7 +108,6 @@ def fine_tuning(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Ta
     )
 
 
-@record
 def main(argv: list[str] | None = None) -> int:
     return worker_main(argv, fine_tuning, __doc__.split("\n")[0])
 

@@ -230,22 +230,37 @@ def environment() -> jinja2.Environment:
     return env
 
 
+def run_price(setting: float | dict[str, float], planned: dict[str, Any] | None) -> float | None:
+    """USD per GPU-hour of a run: the report's one figure, or the plan's price of the run's GPU
+    type (lmpipe.plan.report_plan) where the report gives one a type."""
+    if isinstance(setting, int | float):
+        return float(setting)
+    return (planned or {}).get("gpu_hour_price")
+
+
+def price_label(setting: float | dict[str, float]) -> str:
+    if isinstance(setting, int | float):
+        return f"${setting:,.2f}/GPU-h"
+    return ", ".join(f"{gpu} ${p:,.2f}" for gpu, p in setting.items()) + " /GPU-h"
+
+
 def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
     """The HTML of the report described by `params` (report_params JSON), from `layout`'s files,
     with `plan` (lmpipe.plan.report_plan) beside the measured figures."""
     for key in ("report", "runs"):
         if key not in params:
             raise ValueError(f"--config-json: missing key {key!r} (expected report_params JSON)")
-    price = float(params.get("gpu_hour_price", 0.0))
+    setting = params.get("gpu_hour_price", 0.0)
     order = params.get("order", list(params["runs"]))
     runs = [load_run(layout, name, params["runs"][name]) for name in order]
+    price = {r.name: run_price(setting, (plan or {}).get(r.name)) for r in runs}
     env = environment()
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     if "sweep" in params:  # a sweep's report (lmpipe.sweeps): its points by what they sweep
         return env.get_template("sweep.html.j2").render(
             generated=generated,
             runs=runs,
-            headlines=[headline(r, price) for r in runs],
+            headlines=[headline(r, price[r.name]) for r in runs],
             **sweep_context(params, runs),
         )
     figures = {
@@ -260,11 +275,11 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
     kinds = {}
     for r in runs:
         kinds.setdefault(r.kind, []).append(r.name)
-    headlines = [headline(r, price) for r in runs]
+    headlines = [headline(r, price[r.name]) for r in runs]
     return env.get_template("report.html.j2").render(
         report=params["report"],
         generated=generated,
-        gpu_hour_price=price,
+        price_label=price_label(setting),
         runs=runs,
         columns=headline_columns(runs),
         headlines=headlines,

@@ -149,7 +149,7 @@ def _acc_norm(result: dict[str, Any] | None) -> float | None:
     return result.get("acc_norm", result.get("value"))
 
 
-def headline(run: Run, gpu_hour_price: float) -> dict[str, Any]:
+def headline(run: Run, gpu_hour_price: float | None) -> dict[str, Any]:
     """One row of the headline table. Falls back to training-time figures before the end."""
     meta = run.meta or {}
     last = run.train[-1] if run.train else {}
@@ -181,7 +181,7 @@ def headline(run: Run, gpu_hour_price: float) -> dict[str, Any]:
         "max_steps": (meta.get("train") or run.settings.get("train", {})).get("max_steps"),
         "wall_s": wall_s,
         "gpu_hours": gpu_hours,
-        "cost": None if gpu_hours is None else gpu_hours * gpu_hour_price,
+        "cost": None if gpu_hours is None or gpu_hour_price is None else gpu_hours * gpu_hour_price,
         "tokens_per_s": _mean_after_first(run.train, "tokens_per_s"),
         "mfu": _mean_after_first(run.train, "mfu"),
         "device": device,

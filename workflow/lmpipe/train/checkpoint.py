@@ -248,12 +248,14 @@ class Checkpointer:
         Rank 0 looks, tidies and decides; every rank gets the same answer. Unfinished `.tmp`
         folders (a crash during a save) are removed; other settings' checkpoints are moved aside.
         """
-        choice = None
+        choice, seen = None, False  # seen: a checkpoint was there, usable or not
         if dist.get_rank() == 0:
             for tmp in self.folder.glob(f"{PREFIX}*{TMP}"):
                 log.warning("removing unfinished checkpoint %s", tmp)
                 shutil.rmtree(tmp)
+                seen = True
             for _, path, digest in self._complete():
+                seen = True
                 if digest == self.settings_hash:
                     choice = str(path)
                     continue
@@ -271,12 +273,14 @@ class Checkpointer:
                 )
                 aside.parent.mkdir(parents=True, exist_ok=True)
                 path.rename(aside)
-            if choice is None:
+            if choice is None and seen:
                 log.warning(
                     "no usable checkpoint of settings %s in %s: starting fresh",
                     self.settings_hash,
                     self.folder,
                 )
+            elif choice is None:  # a first run: nothing to warn of
+                log.info("no checkpoint in %s yet: starting at step 0", self.folder)
         choice = _broadcast(choice)
         return Path(choice) if choice else None
 

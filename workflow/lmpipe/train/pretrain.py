@@ -14,8 +14,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
 from lmpipe.config import TrainJob
 from lmpipe.data.loader import ShardLoader, val_batches
 from lmpipe.data.shards import read_manifest
@@ -35,7 +33,6 @@ def pretraining(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Ta
     return Task(train=tc, loader=loader, val_batches=val, data_identity=shards.identity())
 
 
-@record
 def main(argv: list[str] | None = None) -> int:
     return worker_main(argv, pretraining, __doc__.split("\n")[0])
 
