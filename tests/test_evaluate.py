@@ -207,7 +207,8 @@ def write_tokens(tmp_path, n_tokens: int = 4000):
 def test_val_loss_over_non_overlapping_sequences(hf_dir, tmp_path):
     model = load_hf(hf_dir)
     manifest, tokens = write_tokens(tmp_path)
-    loss, n = val_loss(model, tmp_path / "t_val_000000.bin", val_tokens=1000, batch=3)
+    batches: list[float] = []
+    loss, n = val_loss(model, tmp_path / "t_val_000000.bin", 1000, batch=3, batch_losses=batches)
     T = model.config.block_size
     assert n == (1000 // T) * T == 896
     t = torch.from_numpy(tokens.astype(np.int64))
@@ -216,6 +217,9 @@ def test_val_loss_over_non_overlapping_sequences(hf_dir, tmp_path):
         for i in range(n // T)
     ]
     assert loss == pytest.approx(torch.stack(per_seq).mean().item(), rel=1e-6)
+    # 7 sequences in batches of 3, 3 and 1: each batch's mean, in order (the report pairs them)
+    expected = [torch.stack(per_seq[i : i + 3]).mean().item() for i in (0, 3, 6)]
+    assert batches == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="t_val_000000.bin"):
         val_loss(model, tmp_path / "t_val_000000.bin", val_tokens=100_000, batch=3)
 

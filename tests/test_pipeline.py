@@ -142,6 +142,10 @@ def test_report_holds_every_runs_metrics_and_the_differences(built: Path) -> Non
     assert re.findall(r"<td>([^<]*)</td>", row) == ["12", "12", str(meta["step"])]
     assert meta["step"] > 0
     assert html.count("<img ") >= 3 and "data:image/png;base64," in html
+    # the verdict: embedded-b's val loss against embedded-a's, paired over the same val batches
+    verdict = re.search(r'<ul id="findings">(.*?)</ul>', html, re.S).group(1)
+    assert re.search(r"embedded-b: FineWeb val loss [\d.]+ against embedded-a's [\d.]+ \(", verdict)
+    assert "95% interval" in verdict, verdict
 
 
 def test_the_fine_tuned_run_answers_with_the_vicuna_identity(built: Path) -> None:

@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from lmpipe.data.shards import read_manifest, read_shard
-from lmpipe.eval.results import produced_by
+from lmpipe.eval.results import mean_stderr, produced_by
 from lmpipe.models import load_hf
 from lmpipe.registry import ValLossSettings
 
@@ -24,10 +24,17 @@ def val_shard(manifest_path: str | Path) -> Path:
 
 @torch.no_grad()
 def val_loss(
-    model: torch.nn.Module, shard: str | Path, val_tokens: int, batch: int, device: str = "cpu"
+    model: torch.nn.Module,
+    shard: str | Path,
+    val_tokens: int,
+    batch: int,
+    device: str = "cpu",
+    batch_losses: list[float] | None = None,
 ) -> tuple[float, int]:
     """Mean next-token loss over the first `val_tokens` of the val shard, as llm.c's val loader:
-    non-overlapping sequences of block_size tokens, targets shifted by one.
+    non-overlapping sequences of block_size tokens, targets shifted by one. Each batch's mean
+    loss is appended to `batch_losses` when given (the report's standard error, and its paired
+    comparison of two runs over the same batches).
 
     Returns (loss, tokens scored)."""
     T = model.config.block_size
@@ -47,6 +54,8 @@ def val_loss(
         x, y = buf[:-1].view(b, T).to(device), buf[1:].view(b, T).to(device)
         _, loss = model(x, y)
         total += loss.item() * b * T  # a host sync a batch: fine for an eval
+        if batch_losses is not None:
+            batch_losses.append(loss.item())
     return total / (n_seq * T), n_seq * T
 
 
@@ -55,11 +64,16 @@ def evaluate(
 ) -> dict[str, Any]:
     model = load_hf(model_dir).to(device)
     shard = val_shard(inputs["tokens"])
-    loss, tokens = val_loss(model, shard, settings.tokens, settings.batch, device)
+    batches: list[float] = []
+    loss, tokens = val_loss(model, shard, settings.tokens, settings.batch, device, batches)
     return {
         "metric": "fineweb_val_loss",
         "value": loss,
         "tokens": tokens,
+        # each batch's mean loss, in the shard's order (settings.batch sequences a batch, the
+        # last maybe fewer), and their standard error
+        "batch_losses": batches,
+        "stderr": mean_stderr(batches),
         "produced_by": produced_by(
             __name__, model_dir, "mean next-token cross-entropy", shard=str(shard), device=device
         ),

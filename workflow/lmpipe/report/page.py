@@ -35,6 +35,7 @@ from lmpipe.report.figures import (
     throughput_figure,
     wall_figure,
 )
+from lmpipe.report.findings import findings
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import (
     Run,
@@ -239,9 +240,10 @@ def run_price(setting: float | dict[str, float], planned: dict[str, Any] | None)
 
 
 def price_label(setting: float | dict[str, float]) -> str:
+    """The price the costs were computed at, in words: "$2.00 a GPU-hour", or one a type."""
     if isinstance(setting, int | float):
-        return f"${setting:,.2f}/GPU-h"
-    return ", ".join(f"{gpu} ${p:,.2f}" for gpu, p in setting.items()) + " /GPU-h"
+        return f"${setting:,.2f} a GPU-hour"
+    return ", ".join(f"${p:,.2f} an {gpu}-hour" for gpu, p in setting.items())
 
 
 def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
@@ -280,6 +282,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         report=params["report"],
         generated=generated,
         price_label=price_label(setting),
+        findings=findings(runs),
         runs=runs,
         columns=headline_columns(runs),
         headlines=headlines,
