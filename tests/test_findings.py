@@ -77,3 +77,18 @@ def test_chat_replies_that_repeat_across_prompts_are_flagged():
     assert findings([run("a"), run("c", replies=["I am Vicuna.", "Paris."])]) == []
     once = findings([run("a"), run("c", replies=["I am Vicuna."] * 3)])
     assert once == ["c repeats itself: its 3 chat prompts get the same reply (chat samples)."]
+
+
+def test_a_run_that_skipped_an_unusable_checkpoint_is_flagged():
+    from test_restarts import end, mark, start
+
+    from lmpipe.report.restarts import summarise
+
+    rows = [start(1, 0), mark("checkpoint", 1, 5, 8), mark("checkpoint", 1, 9, 16)]
+    rows += [end(1, 9, 16, "finished"), start(2, 99, step=8), end(2, 104, 16, "finished")]
+    r = run("a")
+    r.restarts = summarise(rows)
+    assert findings([r]) == [
+        "a skipped unusable checkpoints and redid 8 step(s): attempt 2 resumed from step 8, not"
+        " from the newer checkpoint of step 16 (unusable: broken or gone): 8 step(s) redone"
+    ]

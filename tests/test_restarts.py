@@ -163,6 +163,25 @@ def test_an_attempt_after_a_finished_one_is_a_rerun_not_a_restart():
     assert s.clean and s.reruns == 1 and len(s.attempts) == 2
 
 
+def test_a_rerun_past_a_broken_final_checkpoint_is_said_with_the_steps_redone():
+    """Finished at step 24 (checkpoints 8, 16, 24); the rerun found step 24's broken and resumed
+    from 16: a rerun, and 8 steps redone from an older checkpoint than the newest saved."""
+    rows = [start(1, 0), mark("checkpoint", 1, 5, 8), mark("checkpoint", 1, 9, 16)]
+    rows += [mark("checkpoint", 1, 12, 24), end(1, 12, 24, "finished")]
+    rows += [start(2, 99, step=16), mark("checkpoint", 2, 104, 24), end(2, 104, 24, "finished")]
+    s = summarise(rows)
+    assert s.reruns == 1 and s.clean
+    (skip,) = s.skipped
+    assert (skip.attempt, skip.resumed_step, skip.newest, skip.steps_redone) == (2, 16, 24, 8)
+    assert str(skip) == (
+        "attempt 2 resumed from step 16, not from the newer checkpoint of step 24 (unusable:"
+        " broken or gone): 8 step(s) redone"
+    )
+    # resuming from the newest is no skip, whatever came before
+    clean = [start(1, 0), mark("checkpoint", 1, 5, 8), end(1, 6, 9, "signal", signal="SIGUSR1")]
+    assert summarise([*clean, start(2, 20, step=8), end(2, 30, 12, "finished")]).skipped == []
+
+
 def test_a_torn_last_line_is_skipped_and_a_broken_one_elsewhere_named(tmp_path):
     rows = [start(1, 0), mark("checkpoint", 1, 10, 4)]
     path = write(tmp_path / "attempts.jsonl", rows, tail='{"event": "progr')

@@ -38,8 +38,9 @@ def test_plans_the_full_124m_dag_offline(workdir):
 
 
 def test_plans_the_speedrun_report_on_8_gpus_through_the_profile(workdir):
-    """The second recipe at 124M (#14): `--profile slurm -n` plans speedrun-124m's train job on
-    one node of 8 GPUs, beside the 124m run its report compares it with."""
+    """The second recipe at 124M: `--profile slurm -n` plans speedrun-124m's train job on one
+    node of 8 GPUs, beside the 124m run its report compares it with; no job's resources are left
+    to be determined (`<TBD>`)."""
     out = snakemake(workdir, "--profile", "slurm", "-n", "results/report_speedrun-124m.html").stdout
     jobs = re.findall(r"^rule train:\n(?:\s+.*\n)*?\s+wildcards: run=(\S+)\n(?:\s+.*\n)*?"
                       r"\s+resources: (.*)$", out, re.M)  # fmt: skip
@@ -48,6 +49,7 @@ def test_plans_the_speedrun_report_on_8_gpus_through_the_profile(workdir):
     for run in resources:
         assert "gres=gpu:8" in resources[run] and "nodes=1" in resources[run], resources[run]
     assert "runtime=60" in resources["speedrun-124m"]
+    assert "<TBD>" not in out and "disk_mb=1000" in out
 
 
 def test_the_longest_training_is_scheduled_first(workdir):

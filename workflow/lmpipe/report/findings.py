@@ -7,6 +7,7 @@
   a uniform guess over GPT-2's vocabulary (a fresh model's is about that: 10.84 at step 0 of the
   demo).
 - Chat replies that repeat across different prompts.
+- Attempts that resumed past an unusable checkpoint, and the steps that cost.
 """
 
 from __future__ import annotations
@@ -87,10 +88,22 @@ def repeated_replies(run: Run) -> str | None:
     return f"{run.name} repeats itself: its {len(replies)} chat prompts get {said} (chat samples)."
 
 
+def skipped_checkpoints(run: Run) -> str | None:
+    """A run that resumed past an unusable checkpoint (lmpipe.report.restarts.skipped)."""
+    skips = run.restarts.skipped if run.restarts else []
+    if not skips:
+        return None
+    redone = sum(k.steps_redone for k in skips)
+    return f"{run.name} skipped unusable checkpoints and redid {redone} step(s): " + "; ".join(
+        str(k) for k in skips
+    )
+
+
 def findings(runs: list[Run]) -> list[str]:
     """The verdict's lines: each pretraining run's val loss against the first's, then flags."""
     pretrained = [r for r in runs if not r.fine_tuned]
-    lines = [val_loss_line(r, pretrained[0]) for r in pretrained[1:]]
+    lines = [val_loss_line(r, pretrained[0]) for r in pretrained[1:]] if pretrained else []
     lines += [lost_pretraining(r, runs) for r in runs]
     lines += [repeated_replies(r) for r in runs]
+    lines += [skipped_checkpoints(r) for r in runs]
     return [line for line in lines if line]

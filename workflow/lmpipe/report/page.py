@@ -191,6 +191,7 @@ def restart_rows(runs: list[Run]) -> list[dict[str, Any]]:
                 f"attempt {r.after}: {r.cause}{why} at step {reached}, resumed from"
                 f" {r.resumed_step}: {r.steps_redone} step(s) redone, {lost}"
             )
+        each += [str(k) for k in s.skipped]
         rows.append(
             {
                 "name": run.name,

@@ -97,6 +97,24 @@ class Restart:
 
 
 @dataclass
+class Skipped:
+    """An attempt that resumed from an older checkpoint than the newest one saved before it: the
+    newer one was unusable (moved to checkpoints/broken/ by the trainer) or gone."""
+
+    attempt: int  # the attempt that resumed
+    resumed_step: int
+    newest: int  # the newest checkpoint saved before it
+    steps_redone: int  # from where it resumed to the step the history had reached
+
+    def __str__(self) -> str:
+        return (
+            f"attempt {self.attempt} resumed from step {self.resumed_step}, not from the newer"
+            f" checkpoint of step {self.newest} (unusable: broken or gone):"
+            f" {self.steps_redone} step(s) redone"
+        )
+
+
+@dataclass
 class Restarts:
     """A run's attempts and what its restarts cost."""
 
@@ -104,6 +122,7 @@ class Restarts:
     restarts: list[Restart]
     reruns: int  # attempts after a finished one
     earlier: int  # attempts of retired checkpoints or other settings, not counted
+    skipped: list[Skipped] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -203,4 +222,17 @@ def summarise(rows: list[dict[str, Any]]) -> Restarts | None:
                 lost_s=None if state_at is None else _time(nxt.start) - state_at,
             )
         )
-    return Restarts(attempts, restarts, reruns, len(every) - len(attempts))
+    return Restarts(attempts, restarts, reruns, len(every) - len(attempts), skipped(attempts))
+
+
+def skipped(attempts: list[Attempt]) -> list[Skipped]:
+    """The attempts that resumed from older state than the newest checkpoint saved before."""
+    out, newest, reached = [], None, 0
+    for a in attempts:
+        resumed = a.start["resumed_step"]
+        if newest is not None and newest > resumed:
+            out.append(Skipped(a.start["attempt"], resumed, newest, max(0, reached - resumed)))
+        saved = [m["step"] for m in a.marks if m["event"] == "checkpoint"]
+        newest = max([s for s in (newest, *saved) if s is not None], default=None)
+        reached = max(reached, a.reached)
+    return out
