@@ -44,5 +44,5 @@ def test_a_training_steps_logits_reuse_freed_memory_without_page_faults():
     kept = page_faults("keep")
     assert kept["kept"] is True
     # the first steps grow the heap; from then on the steps reuse it (measured: 0 faults in most
-    # steps, a logits' worth now and then)
-    assert sum(kept["faults"][-10:]) < 3 * pages, kept
+    # steps, a logits' worth now and then: 1-3 logits' worth over 10 steps against ~40)
+    assert sum(kept["faults"][-10:]) * 5 < sum(default[-10:]), (kept, default)

@@ -30,6 +30,7 @@ GROUND = {
     "resources",
     "settings",
     "config_schema",
+    "failures",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and

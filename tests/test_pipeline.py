@@ -226,6 +226,12 @@ def test_dataset_setting_reruns_everything_downstream(built: Path) -> None:
     assert planned == expected
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="Snakemake 9.27 plans nothing once a failed job removed its output while the report"
+    " that reads it is present and older than the rest: the report is left stale (reproduced"
+    " here; not fixed yet)",
+)
 def test_a_failed_evaluation_is_rebuilt_by_the_default_target_with_the_report(built: Path) -> None:
     """A real failure (a forced val-loss evaluation on a truncated val shard: Snakemake removes
     its output), then a real rerun of the default target once the shard is whole again: the
