@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import sys
+from types import SimpleNamespace
 
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
@@ -98,6 +99,14 @@ def get_llmc_final(wildcards):
     run), an error naming the run, its model and arch, before any job starts."""
     lmconfig.check_llmc_export(config, wildcards.run)
     return LAYOUT.final_checkpoint(wildcards.run)
+
+
+def get_report_readers():
+    """Each report's file -> the files it reads (the onerror hook's, lmpipe.failures.report)."""
+    return {
+        LAYOUT.report(r): get_report_inputs(SimpleNamespace(report=r))
+        for r in config["reports"]
+    }
 
 
 def get_report_inputs(wildcards):
