@@ -260,16 +260,16 @@ def test_headline_has_every_runs_metrics(layout: Layout, tmp_path: Path) -> None
 
 
 def test_the_cost_is_at_the_price_of_each_runs_gpu_type(layout: Layout, tmp_path: Path) -> None:
-    """gpu_hour_price one a GPU type: each run's GPU-hours at its type's price, as the plan
-    (lmpipe.plan.report_plan) gives it; a type without a price gets no cost."""
+    """gpu_hour_price one a GPU type: each run's GPU-hours at the price of the type the plan
+    (lmpipe.plan.report_plan) names for it; a type without a price gets no cost."""
     write_run(layout, "a")  # 0.50 GPU-hours
     write_run(layout, "b", steps=30, gpu_hours=0.75)
     write_run(layout, "c", steps=30, gpu_hours=0.75)
     runs = {"a": settings(3e-3), "b": settings(1e-3), "c": settings(2e-3)}
     planned = {
-        run: {"train_s": 60.0, "gpu_hours": 0.5, "gpu": gpu, "gpu_hour_price": price,
-              "cost": None, "gpu_mem_gb": 1.0, "jobs_in_a_row": 1, "basis": "", "problems": []}
-        for run, gpu, price in (("a", "a100", 2.0), ("b", "h100", 3.0), ("c", "l4", None))
+        run: {"train_s": 60.0, "gpu_hours": 0.5, "gpu": gpu, "cost": None, "gpu_mem_gb": 1.0,
+              "jobs_in_a_row": 1, "basis": "", "problems": []}
+        for run, gpu in (("a", "a100"), ("b", "h100"), ("c", "l4"))
     }  # fmt: skip
     html = report.build_report(params(runs, {"a100": 2.0, "h100": 3.0}), layout, planned)
     assert "$1.00" in row_text(html, "headline-a")  # 0.50 h x $2

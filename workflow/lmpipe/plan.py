@@ -121,7 +121,6 @@ def report_plan(config: dict[str, Any], report: str) -> str:
             "train_s": job.estimate_s,
             "gpu_hours": job.gpu_hours if job.gpus else None,
             "gpu": job.gpu or None,
-            "gpu_hour_price": hour_price,
             "cost": None if hour_price is None else job.gpu_hours * hour_price,
             "gpu_mem_gb": job.gpu_mem_gb,
             "jobs_in_a_row": job.jobs_in_a_row,

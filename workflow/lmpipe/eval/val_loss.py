@@ -53,9 +53,10 @@ def val_loss(
         buf = torch.from_numpy(tokens[start * T : (start + b) * T + 1].astype(np.int64))
         x, y = buf[:-1].view(b, T).to(device), buf[1:].view(b, T).to(device)
         _, loss = model(x, y)
-        total += loss.item() * b * T  # a host sync a batch: fine for an eval
+        mean = loss.item()  # a host sync a batch: fine for an eval
+        total += mean * b * T
         if batch_losses is not None:
-            batch_losses.append(loss.item())
+            batch_losses.append(mean)
     return total / (n_seq * T), n_seq * T
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import jinja2
 
+from lmpipe.costs import gpu_hour_price
 from lmpipe.files import write_text_atomic
 from lmpipe.paths import REPORT_TEMPLATES, Layout
 from lmpipe.report.comparison import compare
@@ -232,14 +233,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def run_price(setting: float | dict[str, float], planned: dict[str, Any] | None) -> float | None:
-    """USD per GPU-hour of a run: the report's one figure, or the plan's price of the run's GPU
-    type (lmpipe.plan.report_plan) where the report gives one a type."""
-    if isinstance(setting, int | float):
-        return float(setting)
-    return (planned or {}).get("gpu_hour_price")
-
-
 def price_label(setting: float | dict[str, float]) -> str:
     """The price the costs were computed at, in words: "$2.00 a GPU-hour", or one a type."""
     if isinstance(setting, int | float):
@@ -256,7 +249,9 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
     setting = params.get("gpu_hour_price", 0.0)
     order = params.get("order", list(params["runs"]))
     runs = [load_run(layout, name, params["runs"][name]) for name in order]
-    price = {r.name: run_price(setting, (plan or {}).get(r.name)) for r in runs}
+    # each run's price: the report's one figure, or its GPU type's (the plan names the type)
+    gpu = {r.name: ((plan or {}).get(r.name) or {}).get("gpu") or "" for r in runs}
+    price = {r.name: gpu_hour_price(setting, gpu[r.name]) for r in runs}
     env = environment()
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     if "sweep" in params:  # a sweep's report (lmpipe.sweeps): its points by what they sweep

@@ -227,12 +227,11 @@ def summarise(rows: list[dict[str, Any]]) -> Restarts | None:
 
 def skipped(attempts: list[Attempt]) -> list[Skipped]:
     """The attempts that resumed from older state than the newest checkpoint saved before."""
-    out, newest, reached = [], None, 0
+    out, newest, reached = [], -1, 0  # newest: the newest checkpoint saved so far (-1: none)
     for a in attempts:
         resumed = a.start["resumed_step"]
-        if newest is not None and newest > resumed:
+        if newest > resumed:
             out.append(Skipped(a.start["attempt"], resumed, newest, max(0, reached - resumed)))
-        saved = [m["step"] for m in a.marks if m["event"] == "checkpoint"]
-        newest = max([s for s in (newest, *saved) if s is not None], default=None)
+        newest = max([newest, *(m["step"] for m in a.marks if m["event"] == "checkpoint")])
         reached = max(reached, a.reached)
     return out
