@@ -42,8 +42,13 @@ def test_paired_mean_test_by_hand():
     assert (test.better, test.worse) == (3, 1)
 
 
-def suite_result(correct: dict[str, list[int]], split: dict[str, str] | None = None) -> dict:
-    """A suite result file as lmpipe.eval.suite writes it (headline acc_norm or acc)."""
+def suite_result(
+    correct: dict[str, list[int]],
+    split: dict[str, str] | None = None,
+    ids: dict[str, list[str]] | None = None,
+) -> dict:
+    """A suite result file as lmpipe.eval.suite writes it (headline acc_norm or acc); items'
+    ids their places unless given."""
     tasks, per_item = {}, {}
     for task, c in correct.items():
         n, mean = len(c), sum(c) / len(c)
@@ -51,7 +56,7 @@ def suite_result(correct: dict[str, list[int]], split: dict[str, str] | None = N
         metric = "acc" if task == "winogrande" else "acc_norm"
         tasks[task] = {metric: mean, f"{metric}_stderr": se, "headline": metric, "items": n}
         tasks[task]["split"] = (split or {}).get(task, "validation")
-        per_item[task] = {metric: c}
+        per_item[task] = {"ids": (ids or {}).get(task) or [str(i) for i in range(n)], metric: c}
     core = sum(t[t["headline"]] for t in tasks.values()) / len(tasks)
     return {
         "metric": "suite",
@@ -92,7 +97,8 @@ def test_report_marks_the_difference_the_data_can_tell(layout: Layout, tmp_path:
     arc = row_text(html, "task-arc_easy")
     assert "30.0%" in arc and "▲" not in arc and "▼" not in arc
     verdict = html[html.index('<ul id="verdicts">') : html.index("</ul>", html.index("verdicts"))]
-    assert "b: better than a on PIQA (p = " in verdict
+    # 40 of 200 items +1: mean 0.2, sd sqrt(32/199), 1.96 sd / sqrt(200) = 5.56 points
+    assert "b: better than a on PIQA (+20.0 points, 95% CI +14.4 to +25.6; p = " in verdict
     assert "cannot tell it from a on" in verdict and "ARC-Easy" in verdict
     # OPT's ARC-Easy is on the test split, this report's on validation; OPT's PIQA on validation
     assert "40.0% †" in _plain(arc)
@@ -103,14 +109,72 @@ def _plain(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def test_runs_on_different_items_are_not_paired(layout: Layout, tmp_path: Path):  # noqa: F811
-    """A run scored on fewer items than the baseline: no test, no mark, no verdict."""
+def test_runs_on_different_items_are_paired_on_those_both_scored(layout: Layout, tmp_path: Path):  # noqa: F811
+    """b scored 50 of a's 100 PIQA items (by id): the test runs on those 50, and the cell and the
+    verdict say so; a run with no items in common with the baseline is said, not dropped."""
+    for run in ("a", "b", "c"):
+        write_run(layout, run)
+    add_suite(layout, "a", suite_result({"piqa": [0] * 100}))
+    add_suite(layout, "b", suite_result({"piqa": [1] * 50}))  # ids 0..49: right where a is wrong
+    add_suite(layout, "c", suite_result({"piqa": [1] * 5}, ids={"piqa": list("vwxyz")}))
+    runs = {n: settings(1e-3) | {"run": n} for n in ("a", "b", "c")}
+    html = render(layout, runs, tmp_path)
+    piqa = _plain(row_text(html, "task-piqa"))
+    assert piqa.count("▲") == 1  # b: 50 discordant items, all its way
+    assert "tested on the 50 items both scored (a scored 100, b 50)" in piqa
+    assert "not tested: no item scored by both a and c" in piqa
+    verdict = _plain(html[html.index('<ul id="verdicts">') :])
+    assert "b: better than a on PIQA (+100.0 points" in verdict
+    assert "PIQA: tested on the 50 items both scored" in verdict
+    assert "PIQA: not tested: no item scored by both a and c;" in verdict[verdict.index("c: ") :]
+
+
+def test_pairing_follows_item_ids_not_order(layout: Layout, tmp_path: Path):  # noqa: F811
+    """b's per-item results shuffled (ids along with them): the same p, the same verdict."""
+    import random
+
+    a = [1] * 30 + [0] * 70
+    b = [0] * 10 + [1] * 40 + [0] * 50  # 10 only a, 20 only b
+    order = list(range(100))
+    random.Random(0).shuffle(order)
+    shuffled = {"piqa": [b[i] for i in order]}
+    for run in ("a", "b", "b2"):
+        write_run(layout, run)
+    add_suite(layout, "a", suite_result({"piqa": a}))
+    add_suite(layout, "b", suite_result({"piqa": b}))
+    add_suite(layout, "b2", suite_result(shuffled, ids={"piqa": [str(i) for i in order]}))
+    runs = {n: settings(1e-3) | {"run": n} for n in ("a", "b", "b2")}
+    html = _plain(render(layout, runs, tmp_path))
+    from scipy.stats import binomtest
+
+    p = binomtest(20, 30, 0.5).pvalue
+    cells = re.findall(r"p = ([0-9.]+)", row_text(html, "task-piqa"))
+    assert cells == [f"{p:.2g}"] * 2  # b and b2 alike: p of 20 against 10 discordant items
+
+
+def test_too_few_items_to_tell_is_not_cannot_tell(layout: Layout, tmp_path: Path):  # noqa: F811
+    """5 discordant items cannot reach p < 0.05 whatever happens (2/2^5 = 0.0625): said as too
+    few items; 60 against 60 could have, and is "cannot tell"."""
     for run in ("a", "b"):
         write_run(layout, run)
-    add_suite(layout, "a", suite_result({"piqa": [1] * 10 + [0] * 90}))
-    add_suite(layout, "b", suite_result({"piqa": [1] * 50}))
-    runs = {"a": settings(1e-3) | {"run": "a"}, "b": settings(3e-3) | {"run": "b"}}
-    html = render(layout, runs, tmp_path)
-    piqa = row_text(html, "task-piqa")
-    assert "▲" not in piqa and "p = " not in piqa
-    assert "better than a on PIQA" not in html
+    piqa_b = [1] * 5 + [0] * 45
+    arc_a, arc_b = [1] * 60 + [0] * 60, [0] * 60 + [1] * 60
+    add_suite(layout, "a", suite_result({"piqa": [0] * 50, "arc_easy": arc_a}))
+    add_suite(layout, "b", suite_result({"piqa": piqa_b, "arc_easy": arc_b}))
+    runs = {n: settings(1e-3) | {"run": n} for n in ("a", "b")}
+    verdict = _plain(render(layout, runs, tmp_path))
+    verdict = verdict[verdict.index('<ul id="verdicts">') :]
+    assert "too few items to tell on PIQA (5 items disagree)" in verdict
+    assert "at least 6 items where the runs disagree" in verdict
+    assert "cannot tell it from a on ARC-Easy" in verdict
+
+
+def test_core_mark_follows_the_mean_difference():
+    """More items better than worse, but the mean difference negative: ▼, not ▲ (a large task
+    slightly better, a small task much worse, each task weighing the same in the average)."""
+    big = ([0] * 60 + [1] * 40 + [0] * 900, [1] * 60 + [0] * 40 + [0] * 900)  # +20 of 1000
+    small = ([1] * 10, [0] * 10)  # -10 of 10
+    test = paired_mean_test([big, small])
+    assert test.better > test.worse and test.diff < 0
+    assert test.significant and test.mark == "▼"
+    assert test.low < test.diff < test.high < 0

@@ -333,7 +333,9 @@ def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, mon
     assert right["acc"] != right["acc_norm"] and 0 < sum(right["acc_norm"]) < 6  # telling
     r = hellaswag.evaluate(HellaSwagSettings(items=6, batch=2), tmp_path, inputs, "cpu")
     assert (r["metric"], r["value"], r["items"]) == ("hellaswag", sum(right["acc_norm"]) / 6, 6)
-    assert r["per_item"] == right
+    # the items' ids: HellaSwag's source and `ind` (`ind` alone repeats across the two sources)
+    ids = [f"{it['source_id'].split('~')[0]}/{it['ind']}" for it in items[:6]]
+    assert r["per_item"] == {"ids": ids} | right and ids[0] == "activitynet/24"
     for metric, flags in right.items():
         assert r[metric] == sum(flags) / 6
         assert r[f"{metric}_stderr"] == pytest.approx(statistics.stdev(flags) / math.sqrt(6))

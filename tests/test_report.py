@@ -550,3 +550,33 @@ def test_cpu_throughput_is_explained(layout: Layout, tmp_path: Path) -> None:
     assert 'id="cpu-note"' in html and "shared" not in row_text(html, "headline-a")
     html = render(layout, {"a": settings(3e-3, device="cuda")}, tmp_path)
     assert 'id="cpu-note"' not in html
+
+
+def test_accuracy_bands_are_wilson_intervals_and_labelled() -> None:
+    """The in-training accuracy band: Wilson's interval (by hand: 0 of 50 reaches up to
+    z^2 / (n + z^2) = 7.1%; the normal approximation's would be 0 wide), named in the legend."""
+    import numpy as np
+
+    from lmpipe.report.figures import (
+        WILSON_LABEL,
+        _accuracy_curve,
+        _band_legend,
+        plt,
+        wilson_interval,
+    )
+
+    z2 = 1.959964**2
+    assert wilson_interval(0.0, 50) == pytest.approx((0.0, z2 / (50 + z2)), abs=1e-6)
+    # 20 of 50: (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)
+    p, n = 0.4, 50
+    centre, half = p + z2 / (2 * n), z2**0.5 * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5
+    lo, hi = (centre - half) / (1 + z2 / n), (centre + half) / (1 + z2 / n)
+    assert wilson_interval(p, n) == pytest.approx((lo, hi), abs=1e-6)
+    fig, ax = plt.subplots()
+    rows = [{"tokens": 100, "acc": 0.0, "n": 50}, {"tokens": 200, "acc": 0.4, "n": 50}]
+    _accuracy_curve(ax, "a", "C0", rows, "acc", "n")
+    _band_legend(ax)
+    band = ax.collections[0].get_paths()[0].vertices
+    assert np.isclose(band[:, 1], hi).any() and np.isclose(band[:, 1], z2 / (50 + z2)).any()
+    assert WILSON_LABEL in ax.get_legend_handles_labels()[1]
+    plt.close(fig)

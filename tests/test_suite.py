@@ -20,7 +20,7 @@ from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 from lmpipe.eval import packing
 from lmpipe.eval.suite import data as suite_data
 from lmpipe.eval.suite import native
-from lmpipe.eval.suite.data import SuiteDataError, load_task
+from lmpipe.eval.suite.data import SuiteDataError, TaskData, load_task
 from lmpipe.eval.suite.metrics import TaskScore, mean_stderr, pooled_stderr, task_metrics
 from lmpipe.eval.suite.score import evaluate, suite_result
 from lmpipe.eval.suite.tasks import CORE_TASKS, MMLU_SUBJECTS, TASKS, mmlu_description
@@ -235,6 +235,9 @@ def test_mmlu_items_subject_by_subject(manifest):
     assert len(data.items) == 3 * 57
     assert "about world religions." in data.items[-1].contexts[0]
     assert load_task(manifest, "mmlu").subjects["abstract_algebra"] == 100
+    # ids: each item's subject and row, what the report pairs runs by
+    assert data.ids[:4] == [f"{MMLU_SUBJECTS[0]}/{i}" for i in range(3)] + [f"{MMLU_SUBJECTS[1]}/0"]
+    assert load_task(manifest, "copa", 4).ids == ["0", "1", "2", "3"]
 
 
 # ---- the data: pinned, verified, clear errors ---------------------------------------------------
@@ -400,7 +403,12 @@ def test_metrics_and_result_dict():
     m = task_metrics(TASKS["mmlu"], mmlu)  # weighted by size: the mean over all items
     assert m["acc"] == 0.5 and m["acc_stderr"] == pytest.approx((0.75 / 4 / 6) ** 0.5)
     scores = {s.name: (s, task_metrics(TASKS[s.name], s)) for s in (mmlu, arc, boolq)}
-    r = suite_result(SuiteSettings(tasks=["mmlu", "arc_easy", "boolq"], items=6), scores, {}, {})
+    data = {
+        s.name: TaskData(s.name, [], {}, ids=[f"{s.name}-{i}" for i in range(s.items)])
+        for s in (mmlu, arc, boolq)
+    }
+    settings = SuiteSettings(tasks=["mmlu", "arc_easy", "boolq"], items=6)
+    r = suite_result(settings, data, scores, {}, {})
     assert r["core_tasks"] == ["arc_easy", "boolq"]  # MMLU is not in the core average
     assert r["value"] == r["core"] == pytest.approx((0.75 + 2 / 3) / 2)  # acc_norm, acc
     assert (
@@ -409,8 +417,13 @@ def test_metrics_and_result_dict():
     assert r["tasks"]["arc_easy"]["split"] == "validation"
     assert r["tasks"]["arc_easy"]["lm_eval_default_split"] == "test"
     assert r["tasks"]["mmlu"]["subjects"] == {"a": 4, "b": 2} and r["items_limit"] == 6
-    assert r["per_item"]["arc_easy"] == {"acc": [1, 0, 0, 1], "acc_norm": [1, 1, 0, 1]}
-    assert r["per_item"]["boolq"] == {"acc": [1, 1, 0]} and r["complete"]
+    assert r["per_item"]["arc_easy"] == {
+        "ids": ["arc_easy-0", "arc_easy-1", "arc_easy-2", "arc_easy-3"],
+        "acc": [1, 0, 0, 1],
+        "acc_norm": [1, 1, 0, 1],
+    }
+    ids = ["boolq-0", "boolq-1", "boolq-2"]
+    assert r["per_item"]["boolq"] == {"ids": ids, "acc": [1, 1, 0]} and r["complete"]
 
 
 # ---- the native scorer -------------------------------------------------------------------------

@@ -158,10 +158,20 @@ def task_data(items: list[dict], enc: tiktoken.Encoding, scoring: str = "llmc") 
     return TaskData(NAME, [task_item(item, enc, scoring) for item in items], files={})
 
 
-def result(score: TaskScore) -> dict[str, Any]:
+def item_id(item: dict, place: int) -> str:
+    """An item's id, what the report pairs two runs' per-item results by: its source and `ind`
+    ("wikihow/10338"; `ind` alone repeats across ActivityNet and WikiHow items), else its place
+    in the file ("#17")."""
+    source, ind = item.get("source_id"), item.get("ind")
+    if isinstance(source, str) and ind is not None:
+        return f"{source.split('~', 1)[0]}/{ind}"
+    return f"#{place}"
+
+
+def result(score: TaskScore, ids: list[str]) -> dict[str, Any]:
     """The result file's figures from the per-item score: acc, acc_norm (the value), their
-    standard errors, the items, and `per_item` right answers in file order (what a paired test
-    between two runs compares)."""
+    standard errors, the items, and `per_item` right answers in file order with the items' ids
+    (what a paired test between two runs compares)."""
     correct = {metric: list(getattr(score, metric)) for metric in METRICS}
     acc, acc_norm = (sum(correct[m]) / score.items for m in METRICS)
     return {
@@ -172,7 +182,7 @@ def result(score: TaskScore) -> dict[str, Any]:
         "acc_norm": acc_norm,
         "acc_norm_stderr": mean_stderr(correct["acc_norm"]),
         "items": score.items,
-        "per_item": correct,
+        "per_item": {"ids": ids} | correct,
     }
 
 
@@ -189,7 +199,7 @@ def evaluate(
     # settings.batch counts items; the scorer's batch counts rows, four an item
     batch_rows = settings.batch * NUM_ENDINGS
     score = native.score_task(model, task_data(items, enc, "llmc"), enc, batch_rows, device)
-    return result(score) | {
+    return result(score, [item_id(it, i) for i, it in enumerate(items)]) | {
         "produced_by": produced_by(
             __name__, model_dir, "llmc", items_file=str(items_file), device=device
         ),

@@ -2,10 +2,15 @@
 
 The accuracy tasks (HellaSwag and the zero-shot suite) of every run side by side, each with its
 standard error as lm-eval reports it, and each run after the first tested against the first (the
-report's baseline) on the items both scored: McNemar's exact test on the items one run gets right
-and the other wrong. For the core average, a paired z-test on the per-item differences, task by
-task. Many tasks are tested at once and nothing corrects for it: at 95%, about one task in twenty
-differs by chance alone.
+report's baseline) on the items both scored, paired by the items' ids (lmpipe.eval.suite and
+lmpipe.eval.hellaswag write them beside each per-item result): McNemar's exact test on the items
+one run gets right and the other wrong, and the difference in accuracy with its 95% interval
+(normal approximation of the per-item differences). For the core average, a paired z-test on the
+per-item differences, task by task. Where the runs scored different items, the table and the
+verdict say on how many both scored. Where so few items disagree that no outcome could reach
+significance (McNemar's exact test needs at least 6 discordant items at 95%), the verdict says
+"too few items to tell", not "cannot tell". Many tasks are tested at once and nothing corrects
+for it: at 95%, about one task in twenty differs by chance alone.
 """
 
 from __future__ import annotations
@@ -36,22 +41,29 @@ TASK_LABELS = {
 
 @dataclass
 class Score:
-    """One run's figure on one task: the headline metric, its standard error, per-item 0/1."""
+    """One run's figure on one task: the headline metric, its standard error, and each item's
+    0/1 by the item's id (None where the result file has no per-item ids)."""
 
     value: float
     stderr: float | None
     items: int
-    correct: list[int] | None = None
+    correct: dict[str, int] | None = None
     split: str | None = None
 
 
 @dataclass
 class Paired:
-    """A run against the baseline on the same items."""
+    """A run against the baseline on the items both scored."""
 
     better: int  # items only this run gets right
     worse: int  # items only the baseline gets right
     p: float
+    diff: float  # mean per-item difference (this run - the baseline): the accuracy gap
+    low: float  # its 95% interval
+    high: float
+    could_tell: bool = (
+        True  # whether any outcome on this many discordant items could be significant
+    )
 
     @property
     def significant(self) -> bool:
@@ -61,7 +73,7 @@ class Paired:
     def mark(self) -> str:
         if not self.significant:
             return ""
-        return "▲" if self.better > self.worse else "▼"
+        return "▲" if self.diff > 0 else "▼"
 
 
 @dataclass
@@ -73,41 +85,81 @@ class Row:
     scores: list[Score | None]
     paired: list[Paired | None]  # against the baseline (None for the baseline itself)
     references: list[tuple[float, bool] | None] = field(default_factory=list)  # (value, same split)
+    notes: list[str | None] = field(default_factory=list)  # why not paired, or on which items
+
+
+def _mean_se(d: list[int]) -> tuple[float, float]:
+    """The mean of per-item differences and its standard error (sample variance over n)."""
+    n = len(d)
+    mean = sum(d) / n
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else 0.0
+
+
+def _z() -> float:
+    """The normal quantile of a two-sided interval at LEVEL (1.96 at 95%)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(1 - LEVEL / 2))
 
 
 def mcnemar(baseline: list[int], other: list[int]) -> Paired:
-    """McNemar's exact test: of the items the two disagree on, is `other`'s share of the right
-    answers different from one half? (scipy's binomial test on the discordant pairs)."""
+    """McNemar's exact test on two runs' 0/1 results of the same items, in the same order: of
+    the items the two disagree on, is `other`'s share of the right answers different from one
+    half? (scipy's binomial test on the discordant pairs). With the accuracy difference and its
+    95% interval, and whether the test could have told at all: with k discordant items the
+    smallest p any outcome gives is 2 / 2^k, above 5% for k <= 5."""
     from scipy.stats import binomtest
 
     if len(baseline) != len(other):
         raise ValueError(f"paired test on {len(baseline)} and {len(other)} items")
     better = sum(1 for a, b in zip(baseline, other, strict=True) if b and not a)
     worse = sum(1 for a, b in zip(baseline, other, strict=True) if a and not b)
-    p = binomtest(better, better + worse, 0.5).pvalue if better + worse else 1.0
-    return Paired(better, worse, float(p))
+    k = better + worse
+    p = binomtest(better, k, 0.5).pvalue if k else 1.0
+    could_tell = bool(k) and binomtest(k, k, 0.5).pvalue < LEVEL
+    mean, se = _mean_se([b - a for a, b in zip(baseline, other, strict=True)])
+    return Paired(better, worse, float(p), mean, mean - _z() * se, mean + _z() * se, could_tell)
 
 
 def paired_mean_test(pairs: list[tuple[list[int], list[int]]]) -> Paired:
     """The core average (a mean of task accuracies) of `other` against `baseline`: a two-sided
     z-test of the mean over tasks of the per-task mean item difference, each task's variance
-    from its own paired differences."""
+    from its own paired differences; ▲/▼ from the sign of that mean."""
     from scipy.stats import norm
 
     diffs, variances, better, worse = [], [], 0, 0
     for base, other in pairs:
         d = [b - a for a, b in zip(base, other, strict=True)]
-        n = len(d)
-        mean = sum(d) / n
+        mean, se = _mean_se(d)
         diffs.append(mean)
-        variances.append(sum((x - mean) ** 2 for x in d) / (n - 1) / n if n > 1 else 0.0)
+        variances.append(se * se)
         better += sum(1 for x in d if x > 0)
         worse += sum(1 for x in d if x < 0)
     k = len(diffs)
     se = math.sqrt(sum(variances)) / k
     mean = sum(diffs) / k
-    p = 1.0 if se == 0 else float(2 * norm.sf(abs(mean) / se))
-    return Paired(better, worse, p)
+    if se == 0:  # every item differs alike (or none differs): no spread to test against
+        p = 0.0 if mean else 1.0
+    else:
+        p = float(2 * norm.sf(abs(mean) / se))
+    return Paired(better, worse, p, mean, mean - _z() * se, mean + _z() * se)
+
+
+def by_id(per_item: dict[str, Any] | None, metric: str) -> dict[str, int] | None:
+    """A result file's per-item 0/1 of `metric` keyed by the items' ids; None where it has no
+    ids, or they do not match its results one to one."""
+    per_item = per_item or {}
+    ids, flags = per_item.get("ids"), per_item.get(metric)
+    if ids is None or flags is None or len(ids) != len(flags) or len(set(ids)) != len(ids):
+        return None
+    return dict(zip(ids, flags, strict=True))
+
+
+def common_items(base: Score, other: Score) -> tuple[list[int], list[int]]:
+    """The two runs' 0/1 results on the items both scored, paired by id (the baseline's order)."""
+    assert base.correct is not None and other.correct is not None
+    ids = [i for i in base.correct if i in other.correct]
+    return [base.correct[i] for i in ids], [other.correct[i] for i in ids]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,7 +175,7 @@ def task_scores(run: Run) -> dict[str, Score]:
             hs["acc_norm"],
             hs.get("acc_norm_stderr"),
             hs.get("items", 0),
-            (hs.get("per_item") or {}).get("acc_norm"),
+            by_id(hs.get("per_item"), "acc_norm"),
             "validation",
         )
     suite = run.evals.get("suite") or {}
@@ -133,7 +185,7 @@ def task_scores(run: Run) -> dict[str, Score]:
             t[metric],
             t.get(f"{metric}_stderr"),
             t.get("items", 0),
-            ((suite.get("per_item") or {}).get(task) or {}).get(metric),
+            by_id((suite.get("per_item") or {}).get(task), metric),
             t.get("split"),
         )
     return out
@@ -182,6 +234,9 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
     for task in tasks:
         cells = [s.get(task) for s in scores]
         split = next((c.split for c in cells if c is not None), None)
+        tests = [
+            _paired(cells[0], c, runs[0].name, r.name) for r, c in zip(runs, cells, strict=True)
+        ]
         rows.append(
             Row(
                 key=task,
@@ -189,8 +244,9 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
                 metric=_headline_metric(runs, task),
                 split=split,
                 scores=cells,
-                paired=[_paired(cells[0], c) if i else None for i, c in enumerate(cells)],
+                paired=[None] + [t for t, _ in tests[1:]],
                 references=_reference_cells(task, split, refs),
+                notes=[None] + [note for _, note in tests[1:]],
             )
         )
     core = _core_row(runs, scores)
@@ -211,13 +267,29 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
     }
 
 
-def _paired(base: Score | None, other: Score | None) -> Paired | None:
-    """The test of `other` against `base`, where both scored the same items item by item."""
-    if base is None or other is None or base.correct is None or other.correct is None:
-        return None
-    if len(base.correct) != len(other.correct) or base.split != other.split:
-        return None
-    return mcnemar(base.correct, other.correct)
+def _paired(
+    base: Score | None, other: Score | None, base_name: str, name: str
+) -> tuple[Paired | None, str | None]:
+    """The test of `other` against `base` on the items both scored (by id), and a note where
+    they scored different items or cannot be paired at all; (None, None) where either has no
+    score."""
+    if base is None or other is None:
+        return None, None
+    if base.correct is None or other.correct is None:
+        missing = base_name if base.correct is None else name
+        return None, f"not tested: {missing}'s result has no per-item ids"
+    if base.split != other.split:
+        return None, f"not tested: {name} scored the {other.split} split, {base_name} {base.split}"
+    a, b = common_items(base, other)
+    if not a:
+        return None, f"not tested: no item scored by both {base_name} and {name}"
+    note = None
+    if len(a) < max(len(base.correct), len(other.correct)):
+        note = (
+            f"tested on the {len(a):,} items both scored ({base_name} scored"
+            f" {len(base.correct):,}, {name} {len(other.correct):,})"
+        )
+    return mcnemar(a, b), note
 
 
 def _core_row(runs: list[Run], scores: list[dict[str, Score]]) -> Row | None:
@@ -237,37 +309,71 @@ def _core_row(runs: list[Run], scores: list[dict[str, Score]]) -> Row | None:
         return None
     base_tasks = (runs[0].evals.get("suite") or {}).get("core_tasks") or []
     paired: list[Paired | None] = [None]
+    notes: list[str | None] = [None]
     for i in range(1, len(runs)):
         tasks = (runs[i].evals.get("suite") or {}).get("core_tasks") or []
+        if cores[0] is None or cores[i] is None:
+            paired.append(None)
+            notes.append(None)
+            continue
+        if tasks != base_tasks:
+            paired.append(None)
+            notes.append(f"not tested: averages other tasks than {runs[0].name}'s")
+            continue
         pairs = []
-        if cores[0] is not None and cores[i] is not None and tasks == base_tasks:
-            for t in tasks:
-                a, b = scores[0].get(t), scores[i].get(t)
-                if a and b and a.correct and b.correct and len(a.correct) == len(b.correct):
-                    pairs.append((a.correct, b.correct))
-        paired.append(paired_mean_test(pairs) if pairs and len(pairs) == len(tasks) else None)
+        for t in tasks:
+            a, b = scores[0].get(t), scores[i].get(t)
+            if a and b and a.correct and b.correct and a.split == b.split:
+                pair = common_items(a, b)
+                if pair[0]:
+                    pairs.append(pair)
+        complete = len(pairs) == len(tasks)
+        paired.append(paired_mean_test(pairs) if complete else None)
+        notes.append(
+            None if complete else "not tested: a task could not be paired (its row says why)"
+        )
     no_figures: list[tuple[float, bool] | None] = [None] * len(task_references())
-    return Row("core", "core average (suite, no MMLU)", "mean", None, cores, paired, no_figures)
+    label = "core average (suite, no MMLU)"
+    return Row("core", label, "mean", None, cores, paired, no_figures, notes)
+
+
+def min_discordant() -> int:
+    """The fewest discordant items on which McNemar's exact test can reach LEVEL: the smallest k
+    with 2 / 2^k < LEVEL (6 at 5%)."""
+    return math.floor(math.log2(2 / LEVEL)) + 1
+
+
+def gap_text(test: Paired) -> str:
+    """The accuracy difference and its interval, in percentage points."""
+    return (
+        f"{100 * test.diff:+.1f} points, {1 - LEVEL:.0%} CI"
+        f" {100 * test.low:+.1f} to {100 * test.high:+.1f}"
+    )
 
 
 def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
-    """Each run against the baseline in words: better on what, worse on what, and where the
-    data cannot tell."""
+    """Each run against the baseline in words: better on what, worse on what, where the data
+    cannot tell, where too few items disagree for any test to tell, and what was not tested or
+    tested on fewer items than scored."""
     out = []
     base = runs[0].name
     for i, run in enumerate(runs[1:], start=1):
-        better, worse, unclear = [], [], []
+        better, worse, unclear, too_few = [], [], [], []
         for row in rows:
             test = row.paired[i]
             if test is None:
                 continue
+            gap = f"{gap_text(test)}; p = {test.p:.3g}"
             if test.significant:
-                target = better if test.better > test.worse else worse
-                target.append(f"{row.label} (p = {test.p:.3g})")
-            else:
+                target = better if test.diff > 0 else worse
+                target.append(f"{row.label} ({gap})")
+            elif test.could_tell:
                 unclear.append(row.label)
-        if not (better or worse or unclear):
-            continue
+            else:
+                too_few.append(f"{row.label} ({test.better + test.worse} items disagree)")
+        notes = [
+            f"{row.label}: {row.notes[i]}" for row in rows if i < len(row.notes) and row.notes[i]
+        ]
         parts = []
         if better:
             parts.append(f"better than {base} on {', '.join(better)}")
@@ -278,5 +384,12 @@ def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
                 f"the data cannot tell it from {base} on {', '.join(unclear)}"
                 f" (no difference significant at {1 - LEVEL:.0%})"
             )
-        out.append(f"{run.name}: " + "; ".join(parts) + ".")
+        if too_few:
+            parts.append(
+                f"too few items to tell on {', '.join(too_few)}: at {1 - LEVEL:.0%} McNemar's"
+                f" test needs at least {min_discordant()} items where the runs disagree"
+            )
+        parts += notes
+        if parts:
+            out.append(f"{run.name}: " + "; ".join(parts) + ".")
     return out

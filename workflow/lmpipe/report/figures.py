@@ -147,20 +147,37 @@ def throughput_figure(runs: list[Run]) -> str | None:
 HELLASWAG_REFERENCES = ("OpenAI GPT-2 124M", "GPT-3 Small (125M)")
 
 
+def wilson_interval(accuracy: float, items: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of an accuracy on `items` items (scipy's binomtest): unlike
+    the normal approximation it stays inside [0, 1] and keeps its width at 0% and 100%, where
+    the tens of items of a CPU run often land."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(round(accuracy * items), items).proportion_ci(0.95, method="wilson")
+    return ci.low, ci.high
+
+
+WILSON_LABEL = "shaded: 95% Wilson interval"
+
+
 def _accuracy_curve(
     ax: plt.Axes, name: str, color: str, rows: list[dict[str, Any]], key: str, items_key: str
 ) -> None:
-    """An accuracy measured during training against tokens, with its 95% band (normal
-    approximation, 1.96 standard errors) where every line says how many items it scored."""
+    """An accuracy measured during training against tokens, with its 95% Wilson band where
+    every line says how many items it scored (the legend says what the band is)."""
     xs, ys = [row["tokens"] for row in rows], [row[key] for row in rows]
     items = [row.get(items_key) for row in rows]
     label = name + (f" ({items[-1]:,} items)" if items[-1] else "")
     ax.plot(xs, ys, "o-", color=color, ms=3, label=label)
     if all(items):
-        half = [1.96 * math.sqrt(y * (1 - y) / n) for y, n in zip(ys, items, strict=True)]
-        lo = [y - h for y, h in zip(ys, half, strict=True)]
-        hi = [y + h for y, h in zip(ys, half, strict=True)]
+        lo, hi = zip(*(wilson_interval(y, n) for y, n in zip(ys, items, strict=True)), strict=True)
         ax.fill_between(xs, lo, hi, color=color, alpha=0.12, lw=0)
+
+
+def _band_legend(ax: plt.Axes) -> None:
+    """A legend entry that names the shaded bands, where there are any."""
+    if ax.collections:
+        ax.fill_between([], [], [], color="0.5", alpha=0.25, lw=0, label=WILSON_LABEL)
 
 
 def hellaswag_references() -> list[tuple[str, float]]:
@@ -172,9 +189,8 @@ def hellaswag_references() -> list[tuple[str, float]]:
 def hellaswag_figure(runs: list[Run]) -> str | None:
     """HellaSwag acc_norm measured during training (eval.hellaswag.during_training) against
     tokens, a line a run that has any, with GPT-2 124M's and GPT-3 Small's; None (no figure)
-    when no run has. A band: the 95% interval of a score on so few items (binomial, normal
-    approximation), which on the CPU demo's tens of items is wider than anything the tiny models
-    learn."""
+    when no run has. A band: the 95% Wilson interval of a score on so few items, which on the
+    CPU demo's tens of items is wider than anything the tiny models learn."""
     runs = [r for r in runs if r.hellaswag_curve]
     if not runs:
         return None
@@ -185,6 +201,7 @@ def hellaswag_figure(runs: list[Run]) -> str | None:
         _accuracy_curve(ax, r.name, colors[r.name], rows, "hellaswag", "hellaswag_items")
     _reference_lines(ax, hellaswag_references())
     ax.axhline(0.25, color="0.75", lw=3, label="chance (four endings)")
+    _band_legend(ax)
     ax.set(xlabel="tokens trained", ylabel="HellaSwag acc_norm", title="HellaSwag during training")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -226,9 +243,9 @@ def _headline(runs: list[Run], task: str) -> str:
 
 def suite_figure(runs: list[Run]) -> str | None:
     """The suite tasks scored during training (eval.suite.during_training) against tokens, one
-    panel a task, a line a run that scored it, as the HellaSwag figure (the 95% band of so few
-    items), with OPT-125M's and OPT-350M's published figures where lm-eval's table has the task
-    and the chance level (one over the choices); None when no run scored any."""
+    panel a task, a line a run that scored it, as the HellaSwag figure (the 95% Wilson band of
+    so few items), with OPT-125M's and OPT-350M's published figures where lm-eval's table has
+    the task and the chance level (one over the choices); None when no run scored any."""
     tasks = suite_tasks_logged(runs)
     if not tasks:
         return None
@@ -248,6 +265,7 @@ def suite_figure(runs: list[Run]) -> str | None:
         _reference_lines(ax, suite_references(task))
         choices = SUITE_TASKS[task].choices
         ax.axhline(1 / choices, color="0.75", lw=3, label=f"chance ({choices} choices)")
+        _band_legend(ax)
         ax.set(
             xlabel="tokens trained", ylabel=_headline(runs, task), title=f"{task} during training"
         )

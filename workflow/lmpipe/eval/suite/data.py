@@ -167,6 +167,9 @@ class TaskData:
     items: list[Item]
     files: dict[str, list[Path]]  # "" (mmlu: each subject) -> its Arrow files
     subjects: dict[str, int] = field(default_factory=dict)  # mmlu: items a subject
+    # each item's id, what two runs' per-item results are paired by: its row in the split's
+    # files ("17"; mmlu "<subject>/17"); empty where the items were built without ids
+    ids: list[str] = field(default_factory=list)
 
 
 def read_manifest(manifest: str | Path) -> dict:
@@ -209,6 +212,7 @@ def load_folder(name: str, folder: Path, limit: int | None = None) -> TaskData:
                         f"suite task {name}: {path}: row {i}: {type(e).__name__}: {e}"
                     ) from None
                 data.items.append(item)
+                data.ids.append(f"{subject}/{n}" if subject else str(n))
                 n += 1
         if task.subjects:
             data.subjects[subject] = n

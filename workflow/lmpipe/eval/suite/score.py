@@ -42,11 +42,13 @@ def data_provenance(manifest: Path, names: list[str]) -> dict[str, Any]:
 
 def suite_result(
     settings: SuiteSettings,
+    data: dict[str, TaskData],
     scores: dict[str, tuple[TaskScore, dict[str, float | None]]],
     failed: dict[str, str],
     produced: dict[str, Any],
 ) -> dict[str, Any]:
-    """The result dict (module docstring) from each task's per-item score and metrics."""
+    """The result dict (module docstring) from each task's per-item score and metrics; the
+    per-item results carry the items' ids (TaskData.ids), what the report pairs two runs by."""
     tasks, per_item = {}, {}
     for name, (score, metrics) in scores.items():
         task = TASKS[name]
@@ -59,7 +61,9 @@ def suite_result(
         }
         if score.subjects:
             tasks[name]["subjects"] = dict(score.subjects)
-        per_item[name] = {metric: list(getattr(score, metric)) for metric in task.metrics}
+        per_item[name] = {"ids": list(data[name].ids)} | {
+            metric: list(getattr(score, metric)) for metric in task.metrics
+        }
     core_tasks = [name for name in CORE_TASKS if name in tasks]
     core = (
         sum(tasks[n][tasks[n]["headline"]] for n in core_tasks) / len(core_tasks)
@@ -112,7 +116,7 @@ def evaluate(
         data=data_provenance(manifest, list(data)),
         device=device,
     )
-    return suite_result(settings, scores, failed, produced)
+    return suite_result(settings, data, scores, failed, produced)
 
 
 def harness_scores(
@@ -167,4 +171,4 @@ def evaluate_lm_eval(
         data=data_provenance(manifest, list(data)),
         device=device,
     )
-    return suite_result(settings, scores, failed, produced)
+    return suite_result(settings, data, scores, failed, produced)
