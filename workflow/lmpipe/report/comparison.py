@@ -370,7 +370,11 @@ def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
             elif test.could_tell:
                 unclear.append(row.label)
             else:
-                too_few.append(f"{row.label} ({test.better + test.worse} items disagree)")
+                k = test.better + test.worse
+                disagree = {0: "no item disagrees", 1: "1 item disagrees"}.get(
+                    k, f"{k} items disagree"
+                )
+                too_few.append(f"{row.label} ({disagree})")
         notes = [
             f"{row.label}: {row.notes[i]}" for row in rows if i < len(row.notes) and row.notes[i]
         ]
