@@ -221,6 +221,20 @@ def test_two_fsdp_ranks_match_one_process(two_ranks, manifest, tmp_path):
     assert (meta["step"], meta["tokens"], meta["world_size"]) == (8, 8 * 256, 2)
 
 
+def test_chunked_loss_and_recompute_train_as_the_plain_run(two_ranks, manifest, tmp_path):
+    """train.loss_chunk_tokens and train.activation_checkpointing reach the model: one process
+    with the head in chunks of 50 positions and selective recompute follows the plain 2-rank
+    run's trajectory (fp32 sums in another order: 1e-4)."""
+    out = tmp_path / "chunked"
+    run(config(1, loss_chunk_tokens=50, activation_checkpointing="selective"), manifest, out)
+    assert len(losses(out)) == 8
+    np.testing.assert_allclose(losses(out), losses(two_ranks), rtol=0, atol=1e-4)
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["loss_chunk_tokens"] == 50 and prov["recompute"] == ["selective"] * 2
+    plain = json.loads((two_ranks / "provenance.json").read_text())
+    assert plain["loss_chunk_tokens"] == 0 and plain["recompute"] == ["none"] * 2
+
+
 @pytest.mark.slow
 def test_sigkill_after_checkpoint_then_restart_is_bit_identical(two_ranks, manifest, tmp_path):
     out = tmp_path / "killed"

@@ -241,6 +241,19 @@ class TrainConfig:
     )
     dtype: str = setting("float32", "the compute dtype", enum=["float32", "bfloat16"])
     compile: bool = setting(False, "torch.compile the model")
+    loss_chunk_tokens: int = setting(
+        0,
+        "the LM head and loss in chunks of this many positions, never the full logits"
+        " (lmpipe.models.head_loss); 0: in one piece",
+        minimum=0,
+    )
+    activation_checkpointing: str = setting(
+        "none",
+        "recompute activations in the backward instead of keeping them (llm.c's -r): none;"
+        " full (each block's, keeping its input only); selective (each block's but for the"
+        " matmuls' and attention's outputs)",
+        enum=["none", "full", "selective"],
+    )
     fsdp: FSDPConfig = setting(
         FSDPConfig(), "how FSDP2 shards the model; docs/fsdp.md argues the defaults"
     )
@@ -604,14 +617,24 @@ def conversations_params(config: dict[str, Any], dataset: str) -> str:
     return canonical_json(d | {"dataset": dataset})
 
 
-def _train_settings(train: TrainConfig) -> dict[str, Any]:
-    """The train section as the train rule's params. A key added since a run was trained is left
-    out while it has the value that behaves as before (checkpoint_async: false,
-    schedule.cooldown_steps: 0),
-    so that adding it never reruns a finished run (Snakemake reruns a job whose params changed)."""
+# train keys added since runs were trained, with the value that behaves as they did
+ADDED_TRAIN_KEYS = {
+    "checkpoint_async": False,
+    "loss_chunk_tokens": 0,
+    "activation_checkpointing": "none",
+}
+
+
+def train_settings(train: TrainConfig) -> dict[str, Any]:
+    """The train section as a dict, less the keys added since a run was trained
+    (ADDED_TRAIN_KEYS, schedule.cooldown_steps) while they have the value that behaves as
+    before: adding a key never reruns a finished run (Snakemake reruns a job whose params
+    changed); lmpipe.train.loop.trajectory_hash leaves them out alike, so that a half-trained
+    run's checkpoints still resume."""
     settings = dataclasses.asdict(train)
-    if not settings["checkpoint_async"]:
-        del settings["checkpoint_async"]
+    for key, before in ADDED_TRAIN_KEYS.items():
+        if settings[key] == before:
+            del settings[key]
     if not settings["schedule"]["cooldown_steps"]:
         del settings["schedule"]["cooldown_steps"]
     return settings
@@ -643,7 +666,7 @@ def train_params(config: dict[str, Any], run: str) -> str:
         "run": run,
         "dataset": rc.dataset,
         "model": dataclasses.asdict(rc.model),
-        "train": _train_settings(rc.train),
+        "train": train_settings(rc.train),
         # cluster-only resources (memory, time limit, ...) never retrain a run
         "launch": {f.name: getattr(rc.launch, f.name) for f in dataclasses.fields(Placement)},
     }

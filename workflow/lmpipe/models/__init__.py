@@ -10,8 +10,9 @@ nn.Module that knows nothing of parallelism and offers what the trainer and eval
   attention mask (B, 1, T, T) for packed scoring rows (lmpipe.eval.packing), causal by default;
 - `blocks()`: the repeated blocks, which FSDP shards (and compile compiles) one by one;
 - `init_weights()`, `num_params()`, `flops_per_token(seq_len)`, `head_flops_per_token()`,
-  `compile_loss()` and the `head_on_counted_only` switch (fine-tuning: the head runs only where
-  the loss counts).
+  `loss_fn`, the head + loss the forward trains with (lmpipe.models.head_loss: plain, compiled or
+  in chunks, as the trainer sets it), and the `head_on_counted_only` switch (fine-tuning: the
+  head runs only where the loss counts).
 
 The package also brings its export adapters: `write_hf(model, tokenizer_dir, out_dir, meta)`,
 `load_hf(hf_dir)` and, where the format can hold it, `write_llmc(model, path)`. `write_hf` writes

@@ -36,11 +36,19 @@ import torch
 import torch.distributed as dist
 
 from lmpipe import provenance
-from lmpipe.config import TrainConfig, TrainJob, WandbConfig, build, settings_hash
+from lmpipe.config import (
+    ADDED_TRAIN_KEYS,
+    TrainConfig,
+    TrainJob,
+    WandbConfig,
+    build,
+    settings_hash,
+)
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
 from lmpipe.models import build_model
+from lmpipe.models.head_loss import loss_function
 from lmpipe.train.attempts import AttemptLog, short_error
 from lmpipe.train.checkpoint import Checkpointer, save_final
 from lmpipe.train.evaluators import Evaluator, build_evaluators
@@ -97,7 +105,12 @@ class StopFlag:
 
 def trajectory_hash(job: TrainJob, task: Task, world_size: int) -> str:
     """Hash of what shapes the trajectory: model, train settings, data, ranks (not logging)."""
-    train = {k: v for k, v in dataclasses.asdict(task.train).items() if k not in NOT_TRAJECTORY}
+    # a key added since runs were trained counts only away from the value that behaves as before
+    train = {
+        k: v
+        for k, v in dataclasses.asdict(task.train).items()
+        if k not in NOT_TRAJECTORY and not (k in ADDED_TRAIN_KEYS and ADDED_TRAIN_KEYS[k] == v)
+    }
     return settings_hash(
         {
             "model": dataclasses.asdict(job.model),
@@ -175,6 +188,10 @@ def write_provenance(
             "params": model.num_params(),
             "params_per_rank": held,
             "peak_flops": peak,  # a device's, for the MFU figures
+            # what the model trains with, read off the model (lmpipe.models.head_loss,
+            # lmpipe.train.parallel.recompute_blocks)
+            "loss_chunk_tokens": getattr(model.loss_fn, "chunk_tokens", 0),
+            "recompute": [getattr(b.forward, "recompute", "none") for b in model.blocks()],
         }
         (out / "provenance.json").write_text(json.dumps(prov, indent=1))
 
@@ -244,7 +261,11 @@ class Trainer:
         if self.task.init is not None:  # e.g. fine-tuning: other bases' checkpoints never resume
             self.digest = settings_hash([self.digest, self.task.init(model)])
         tc = self.tc
-        return parallelize(model, self.d.device, tc.dtype, tc.compile, tc.fsdp, mesh=self.d.mesh)
+        model.loss_fn = loss_function(tc.loss_chunk_tokens, tc.compile)
+        return parallelize(
+            model, self.d.device, tc.dtype, tc.compile, tc.fsdp, self.d.mesh,
+            tc.activation_checkpointing,
+        )  # fmt: skip
 
     def start(self, fresh_start: bool, wandb: WandbConfig | None) -> None:
         """Resume from the newest checkpoint of these settings, if any; open the logs."""

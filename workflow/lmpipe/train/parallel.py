@@ -13,11 +13,18 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
 
 from lmpipe.config import FSDPConfig
 
@@ -99,6 +106,48 @@ def mixed_precision(device_type: str, dtype: str, reduce_dtype: str) -> MixedPre
     return MixedPrecisionPolicy()  # everything in the parameters' dtype (fp32)
 
 
+# what selective recompute keeps of a block's forward (torchtitan's op-level selective AC keeps
+# these too): the matmuls' and attention's outputs, the costly ops; the rest (norms, GELU,
+# residual adds, reshapes) is recomputed in the backward
+SAVED_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def recompute_blocks(blocks: list[torch.nn.Module], mode: str) -> None:
+    """Activation checkpointing (train.activation_checkpointing) of each block: its forward runs
+    under torch.utils.checkpoint (non-reentrant), which keeps its inputs and, `selective`, the
+    SAVED_OPS outputs, and recomputes the rest in the backward. The block's `forward` is wrapped
+    in place, not the module, so parameter names (and checkpoints) stay as they are."""
+    if mode == "none":
+        return
+    if mode not in ("full", "selective"):
+        raise ValueError(f"activation_checkpointing {mode!r}: expected none, full or selective")
+    for block in blocks:
+        forward = block.forward
+
+        def recomputed(*args, _forward=forward, **kwargs):
+            context = (
+                partial(create_selective_checkpoint_contexts, _keep_matmuls)
+                if mode == "selective"
+                else noop_context_fn
+            )
+            return checkpoint(_forward, *args, use_reentrant=False, context_fn=context, **kwargs)
+
+        recomputed.recompute = mode  # what provenance.json reads back
+        block.forward = recomputed
+
+
 def parallelize(
     model: torch.nn.Module,
     device: torch.device,
@@ -106,9 +155,11 @@ def parallelize(
     compile: bool,
     fsdp: FSDPConfig | None = None,
     mesh: DeviceMesh | None = None,
+    activation_checkpointing: str = "none",
 ) -> torch.nn.Module:
-    """Compile each block (optional), then shard blocks and root over the data-parallel mesh
-    (`Dist.mesh`; None: a 1-D one over every rank, as init_distributed makes).
+    """Recompute (activation checkpointing, optional) and compile (optional) each block, then
+    shard blocks and root over the data-parallel mesh (`Dist.mesh`; None: a 1-D one over every
+    rank, as init_distributed makes), in torchtitan's order.
 
     Per-block `Module.compile()` keeps parameter names unprefixed (no `_orig_mod.`), so state
     dicts and checkpoints read the same with or without compile. With `prefetch_blocks` k, each
@@ -119,6 +170,7 @@ def parallelize(
     mesh = mesh if mesh is not None else dp_mesh(device.type)
     mp = mixed_precision(device.type, dtype, fsdp.reduce_dtype)
     blocks = model.blocks()
+    recompute_blocks(blocks, activation_checkpointing)
     for block in blocks:
         if compile:
             block.compile()
@@ -131,8 +183,6 @@ def parallelize(
         for i, block in enumerate(blocks):
             block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + k])
             block.set_modules_to_backward_prefetch(blocks[max(0, i - k) : i][::-1])
-    if compile:
-        model.compile_loss()  # the LM head + loss: the biggest op of a small model
     return model
 
 

@@ -19,24 +19,12 @@ import torch.nn.functional as F
 
 from lmpipe.config import ModelConfig
 from lmpipe.models.attention import attend
+from lmpipe.models.head_loss import linear_cross_entropy
 from lmpipe.registry import ARCHITECTURES
 
 # The model's shape is the config's `models:` entry (one definition, torch-free, in lmpipe.config);
 # the sizes (d12 = 124M, d24 = 350M, ...) are named in config/config.yaml.
 GPTConfig = ModelConfig
-
-
-def lm_head_loss(
-    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int
-) -> torch.Tensor:
-    """Mean cross-entropy of the LM head's fp32 logits x @ weight.T over the first `vocab_size`
-    columns; targets of -1 are ignored. `weight` may hold padding rows beyond `vocab_size`
-    (their logits are dropped here, inside the compiled function, before the softmax)."""
-    logits = F.linear(x, weight)  # (B, T, Vp)
-    if logits.size(-1) != vocab_size:
-        logits = logits[..., :vocab_size]
-    logits = logits.float()  # fp32 for a stable softmax
-    return F.cross_entropy(logits.reshape(-1, vocab_size), targets.reshape(-1), ignore_index=-1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -99,7 +87,9 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied (weight tying)
-        self.loss_fn = lm_head_loss  # compile_loss() swaps in a compiled one
+        # the head + loss in training; the trainer may set a compiled or chunked one
+        # (lmpipe.models.head_loss.loss_function)
+        self.loss_fn = linear_cross_entropy
         # Fine-tuning sets this: when most targets are -1 (prompts, padding), run the head on the
         # counted positions only. Same mean loss; off for pretraining, where every token counts
         # and a data-dependent shape would only cost a host sync on a GPU.
@@ -190,7 +180,3 @@ class GPT(nn.Module):
         The padding rows of the tied weight are never predicted: projecting onto the real vocab
         only is cheaper than masking padded logits to -inf (one pass less over the logits)."""
         return F.linear(h, self.lm_head.weight[: self.config.vocab_size]).float()
-
-    def compile_loss(self) -> None:
-        """torch.compile the LM head + loss: it fuses the softmax into the loss (training only)."""
-        self.loss_fn = torch.compile(lm_head_loss)

@@ -29,33 +29,13 @@ import torch.nn.functional as F
 
 from lmpipe.config import ModelConfig, model_config
 from lmpipe.models.attention import attend
+from lmpipe.models.head_loss import linear_cross_entropy, soft_cap
 from lmpipe.registry import ARCHITECTURES
 
 
 def modern_config(**fields) -> ModelConfig:
     """The config of a modern model (`arch: modern`): the shape and any settings by keyword."""
     return model_config({"arch": "modern", **fields}, "modern model")
-
-
-def lm_head_loss(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    vocab_size: int,
-    softcap: float | None,
-) -> torch.Tensor:
-    """Mean cross-entropy of the soft-capped fp32 logits x @ weight.T over the first
-    `vocab_size` columns; targets of -1 are ignored (padding rows dropped before the softmax)."""
-    logits = F.linear(x, weight)  # (B, T, Vp)
-    if logits.size(-1) != vocab_size:
-        logits = logits[..., :vocab_size]
-    logits = soft_cap(logits.float(), softcap)  # fp32 for a stable softmax
-    return F.cross_entropy(logits.reshape(-1, vocab_size), targets.reshape(-1), ignore_index=-1)
-
-
-def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    """cap * tanh(logits / cap): logits kept within (-cap, cap), ~unchanged where small."""
-    return logits if cap is None else cap * torch.tanh(logits / cap)
 
 
 class RMSNorm(nn.Module):
@@ -179,7 +159,9 @@ class ModernGPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
-        self.loss_fn = lm_head_loss  # compile_loss() swaps in a compiled one
+        # the head + loss in training; the trainer may set a compiled or chunked one
+        # (lmpipe.models.head_loss.loss_function)
+        self.loss_fn = linear_cross_entropy
         # as GPT-2's: fine-tuning runs the head on counted positions only; on a GPU the training
         # loss multiplies by the whole padded weight (aligned GEMM tiles)
         self.head_on_counted_only = False
@@ -283,7 +265,3 @@ class ModernGPT(nn.Module):
         """Soft-capped fp32 logits over the real vocabulary for hidden states h (..., C)."""
         logits = F.linear(h, self.lm_head.weight[: self.config.vocab_size]).float()
         return soft_cap(logits, self.config.logit_softcap)
-
-    def compile_loss(self) -> None:
-        """torch.compile the LM head + loss: it fuses the softmax into the loss (training only)."""
-        self.loss_fn = torch.compile(lm_head_loss)
