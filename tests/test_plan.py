@@ -265,3 +265,25 @@ def test_a_cpu_run_with_the_gpu_sized_evaluation_defaults_gets_a_word_in_the_pla
     assert "on the CPU" in slow[0]
     shipped = [costs.eval_job(config, "embedded-a", e, None) for e in ("val_loss", "hellaswag")]
     assert plan.slow_on_cpu(shipped) == []
+
+
+def test_a_train_job_over_its_gpus_memory_is_flagged_with_what_recompute_would_need(config, dags):
+    """The 124M run at 64 x 1024 tokens a micro-step needs about 41 GB a GPU: it fits an 80 GB
+    A100, not a 40 GB one, and the flag names recompute's figures. Full recompute keeps a block's
+    input (2 C bytes a token a layer) instead of its 34 C, plus one block recomputed at a time:
+    (12 x 34 - 12 x 2 - 34) x 768 x 65,536 bytes = 17.6 GB less, by hand."""
+    assert not jobs_of(config, dags["124m"], "a100")["train 124m"].problems
+    job = jobs_of(config, dags["124m"], "a100-sxm4-40gb")["train 124m"]
+    (problem,) = job.problems
+    assert re.fullmatch(
+        r"needs about 41 GB a GPU, over the a100-sxm4-40gb's 40 GB: lower train.micro_batch, or"
+        r" set train.activation_checkpointing \(selective \d+ GB, full \d+ GB\)",
+        problem,
+    )
+    rc = lmconfig.run_config(config, "124m")
+    saved = costs.gpu_memory_gb(rc) - costs.gpu_memory_gb(rc, "full")
+    assert saved == pytest.approx((12 * 34 - 12 * 2 - 34) * 768 * 65536 / 1e9)
+    full = copy.deepcopy(config)
+    full["runs"]["124m"]["train"]["activation_checkpointing"] = "full"
+    schema.validate(full)
+    assert not jobs_of(full, dags["124m"], "a100-sxm4-40gb")["train 124m"].problems

@@ -31,7 +31,7 @@ import yaml
 
 from lmpipe import config as lmconfig
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
-from lmpipe.hardware import GPU_BF16_PEAK, by_gpu, gpu_peak_flops
+from lmpipe.hardware import GPU_BF16_PEAK, GPU_MEMORY_GB, by_gpu, gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun, code
 from lmpipe.throughputs import basis, figure, throughputs
@@ -110,18 +110,29 @@ def device_flops(run: lmconfig.RunConfig, gpu: str | None, kind: str) -> tuple[f
     return peak * mfu, f"{label} peak x MFU {mfu:.0%} {basis(kind, 'gpu_mfu')}"
 
 
-def gpu_memory_gb(run: lmconfig.RunConfig) -> float:
+def gpu_memory_gb(run: lmconfig.RunConfig, recompute: str | None = None) -> float:
     """A GPU's peak memory in training, roughly: fp32 params, grads and AdamW's two moments
     sharded over the ranks (16N/W bytes); the bf16 params gathered for forward and backward (2N,
-    kept between them unless fsdp.reshard_after_forward); activations of bf16 blocks with flash
-    attention (34 C bytes a token a layer, Korthikanti et al. 2022); the head's bf16 logits and
-    their fp32 softmax (6 bytes a vocabulary entry a token)."""
+    kept between them unless fsdp.reshard_after_forward); the activations of bf16 blocks with
+    flash attention (34 C bytes a token a layer, Korthikanti et al. 2022); the head's bf16 logits
+    and their fp32 softmax (6 bytes a vocabulary entry a token).
+
+    `recompute` (train.activation_checkpointing unless given): full keeps a block's input only
+    (2 C bytes a token a layer) and one block's activations while it is recomputed; selective
+    keeps the matmuls' and attention's outputs and the input (11 C values: 22 C bytes). With
+    train.loss_chunk_tokens the head holds one chunk's logits, and dL/dx and dL/dW."""
     n, m, t = num_params(run.model), run.model, run.train
+    recompute = recompute or t.activation_checkpointing
     tokens = t.micro_batch * t.seq_len
     act_bytes = 2 if t.dtype == "bfloat16" else 4
     params = 16 * n / run.launch.world_size + act_bytes * n
-    activations = 34 * m.n_embd * m.n_layer * tokens * act_bytes / 2
-    head = tokens * m.padded_vocab_size * (act_bytes + 4)
+    block = 34 * m.n_embd * tokens * act_bytes / 2
+    kept = {"none": block, "selective": 22 / 34 * block, "full": 2 * m.n_embd * tokens}
+    activations = kept[recompute] * m.n_layer + (block if recompute != "none" else 0)
+    logits_rows = min(tokens, t.loss_chunk_tokens) if t.loss_chunk_tokens else tokens
+    head = logits_rows * m.padded_vocab_size * (act_bytes + 4)
+    if t.loss_chunk_tokens:  # dL/dx (tokens, C) and dL/dW in fp32
+        head += tokens * m.n_embd * act_bytes + 4 * m.padded_vocab_size * m.n_embd
     return (params + activations + head) / 1e9
 
 
@@ -403,7 +414,27 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
             f"launch.runtime {launch.runtime} min is over the partition's"
             f" cluster.max_runtime {config['cluster']['max_runtime']}"
         )
+    if launch.device == "cuda":
+        job.problems += memory_problems(rc, job.gpu)
     return job
+
+
+def memory_problems(rc: lmconfig.RunConfig, gpu: str) -> list[str]:
+    """A train job whose estimated memory a GPU (gpu_memory_gb) is over what the GPU holds:
+    what it needs, and what recompute (train.activation_checkpointing) would bring it to."""
+    capacity = by_gpu(GPU_MEMORY_GB, gpu)
+    need = gpu_memory_gb(rc)
+    if capacity is None or need <= capacity:
+        return []
+    options = [
+        f"{mode} {gpu_memory_gb(rc, mode):.0f} GB"
+        for mode in ("selective", "full")
+        if mode != rc.train.activation_checkpointing
+    ]
+    return [
+        f"needs about {need:.0f} GB a GPU, over the {gpu}'s {capacity:.0f} GB: lower"
+        f" train.micro_batch, or set train.activation_checkpointing ({', '.join(options)})"
+    ]
 
 
 def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:

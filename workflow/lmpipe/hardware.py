@@ -22,6 +22,22 @@ GPU_BF16_PEAK: dict[str, float] = {
 }
 CPU_NOMINAL_PEAK = 1e12  # no datasheet for "a CPU": MFU of CPU runs is nominal
 
+# the same names -> GB of memory a GPU (datasheets), what the plan checks a job's estimate against
+GPU_MEMORY_GB: dict[str, float] = {
+    "h200": 141,
+    "h100 pcie": 80,
+    "h100 nvl": 94,
+    "h100": 80,
+    "a100": 80,  # the 80GB cards; the 40GB ones below
+    "a100-sxm4-40gb": 40,
+    "a100-pcie-40gb": 40,
+    "l40s": 48,
+    "a10g": 24,
+    "a10": 24,
+    "l4": 24,
+    "v100": 32,  # the 32GB card; 16GB ones exist
+}
+
 
 def by_gpu(table: dict[str, float], name: str) -> float | None:
     """`table`'s entry for a GPU by name (e.g. "NVIDIA H200", "a100"), or None if it has none.
