@@ -43,6 +43,36 @@ CASES = {
         lambda c: c["datasets"]["fineweb10B"].pop("name"),
         "datasets.fineweb10B: source 'huggingface' needs `repo` and `name`",
     ),
+    # lmpipe/schema.py, check_mixture: a mixture's sources and weights
+    "mixture_negative_weight": (
+        lambda c: c["datasets"]["embedded-mix"]["mixture"].update(shakespeare=-0.2),
+        "datasets.embedded-mix.mixture.shakespeare: weight -0.2 is not positive",
+    ),
+    "mixture_zero_weight": (
+        lambda c: c["datasets"]["embedded-mix"]["mixture"].update(shakespeare=0),
+        "datasets.embedded-mix.mixture.shakespeare: weight 0 is not positive",
+    ),
+    "mixture_unknown_source": (
+        lambda c: c["datasets"]["embedded-mix"]["mixture"].update(shakespear=0.2),
+        "datasets.embedded-mix.mixture.shakespear: unknown dataset 'shakespear' (did you mean"
+        " 'shakespeare'?)",
+    ),
+    "mixture_in_a_mixture": (
+        lambda c: c["datasets"]["embedded-mix"]["mixture"].update({"embedded-mix": 0.1}),
+        "datasets.embedded-mix.mixture.embedded-mix: 'embedded-mix' is a mixture itself",
+    ),
+    "mixture_of_conversations": (
+        lambda c: c["datasets"]["embedded-mix"]["mixture"].update({"vicuna-dummy": 0.1}),
+        "datasets.embedded-mix.mixture.vicuna-dummy: 'vicuna-dummy' is conversations, not text",
+    ),
+    "mixture_with_a_source_of_its_own": (
+        lambda c: c["datasets"]["embedded-mix"].update(source="local", path="x.txt"),
+        "datasets.embedded-mix: a mixture is its sources' data; path, source belong to a source",
+    ),
+    "mixture_weight_not_a_number": (
+        lambda c: c["datasets"]["embedded-mix"]["mixture"].update(shakespeare="lots"),
+        "datasets.embedded-mix.mixture.shakespeare",
+    ),
     # config.model_config: a model's keys, those of its arch's settings (Architecture.settings)
     "setting_of_another_arch": (
         lambda c: c["models"]["tiny"].update(qk_norm=False),

@@ -92,3 +92,36 @@ def test_a_run_that_skipped_an_unusable_checkpoint_is_flagged():
         "a skipped unusable checkpoints and redid 8 step(s): attempt 2 resumed from step 8, not"
         " from the newer checkpoint of step 16 (unusable: broken or gone): 8 step(s) redone"
     ]
+
+
+def with_sources(r: Run, dataset: str, sources: dict[str, list[float]]) -> Run:
+    """`r`'s val_loss made a mixture's: each source's batches, its weighted mean on top."""
+    r.evals["val_loss"] = {
+        "dataset": dataset,
+        "value": 0.0,
+        "tokens": 8192,
+        "sources": {
+            name: {"dataset": name, "value": sum(b) / len(b), "tokens": 4096, "batch_losses": b}
+            for name, b in sources.items()
+        },
+    }
+    return r
+
+
+def test_a_mixture_is_compared_on_each_val_shard_both_runs_were_scored_on():
+    """A mixture's run against a run of one of its sources: on that source's val shard only;
+    against a run of other data: said, with no interval."""
+    base = run("a", 9.0, noisy(9.0, seed=1))
+    base.evals["val_loss"]["dataset"] = "embedded"
+    mix = with_sources(run("m"), "mix", {"embedded": noisy(8.0, seed=2), "books": noisy(5.0)})
+    (line,) = findings([base, mix])
+    assert line.startswith("m: val loss on embedded ") and line.endswith("better than a.")
+    other = run("o", 9.0, noisy(9.0, seed=3))
+    other.evals["val_loss"]["dataset"] = "code"
+    (line,) = findings([other, mix])
+    assert "measured on different val data (mix and code): no paired interval." in line
+    # two runs of one mixture: a line for each source
+    mix2 = with_sources(run("m2"), "mix", {"embedded": noisy(8.0, seed=2), "books": noisy(6.0)})
+    lines = findings([mix, mix2])
+    assert [ln.split(" ")[4] for ln in lines] == ["embedded", "books"]
+    assert lines[1].endswith("worse than m.")

@@ -60,7 +60,9 @@ class Source:
     """Where a dataset's raw data comes from: text (the download stage) or conversations."""
 
     source: str = required("where the raw data comes from", enum=["local", "huggingface"])
-    path: str | None = optional("local file: parquet or jsonl text, ShareGPT JSON (source: local)")
+    path: str | None = optional(
+        "local file: parquet or jsonl text, .txt (one document), ShareGPT JSON (source: local)"
+    )
     repo: str | None = optional("Hugging Face dataset repo (source: huggingface)")
     name: str | None = optional("dataset config/subset, e.g. sample-10BT")
     revision: str = setting("main", "the Hugging Face repo's revision")
@@ -537,7 +539,18 @@ def check_llmc_export(config: dict[str, Any], run: str) -> None:
 
 
 def is_conversations(config: dict[str, Any], dataset: str) -> bool:
-    return config["datasets"][dataset]["kind"] == "conversations"
+    return config["datasets"][dataset].get("kind") == "conversations"
+
+
+def is_mixture(config: dict[str, Any], dataset: str) -> bool:
+    """A `{mixture: {source: weight, ...}}` dataset (lmpipe.data.mixture): tokenized as its
+    sources, never itself."""
+    return "mixture" in config["datasets"][dataset]
+
+
+def mixture_params(config: dict[str, Any], dataset: str) -> str:
+    """What a mixture's manifest depends on: its weights (each source's own data is its input)."""
+    return canonical_json(config["datasets"][dataset]["mixture"])
 
 
 def is_fine_tuning(config: dict[str, Any], run: str) -> bool:

@@ -87,15 +87,27 @@ def dataset_schema() -> dict[str, Any]:
         "type": "number",
         "exclusiveMinimum": 0,
     }
-    common = _required(Source)
-    return {
+    props["mixture"] = {
+        "description": "a mixture of other (text) datasets: name -> weight (or tokens); each"
+        " step's rows are drawn from them in proportion (lmpipe.data.mixture)",
         "type": "object",
-        "additionalProperties": False,
+        "minProperties": 1,
+        "additionalProperties": {"type": "number"},
+    }
+    common = _required(Source)
+    own = {
         "required": common,
         # text (pretraining: llm.c shards) needs shard sizes; conversations (SFT) a row length
         "if": {"properties": {"kind": {"const": "conversations"}}, "required": ["kind"]},
         "then": {"required": [k for k in _required(ConversationsConfig) if k not in common]},
         "else": {"required": _required(TokenizeConfig)},
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        # a mixture needs nothing else; a dataset of its own, its source and shard sizes
+        "if": {"required": ["mixture"]},
+        "else": own,
         "properties": props,
     }
 

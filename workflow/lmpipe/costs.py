@@ -186,6 +186,26 @@ def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
     return float(max(trained, default=0))
 
 
+def epochs(config: dict[str, Any], dataset: str, tokens: float) -> dict[str, float]:
+    """The epochs of each source (a mixture's, by weight; else the dataset itself) that
+    training on `tokens` tokens of `dataset` reads: above 1, the source repeats."""
+    weights = config["datasets"][dataset].get("mixture") or {dataset: 1.0}
+    total = sum(weights.values())
+    return {s: tokens * w / total / train_tokens(config, s) for s, w in weights.items()}
+
+
+def train_tokens(config: dict[str, Any], dataset: str) -> float:
+    """A dataset's train tokens: its tokens manifest's count once tokenized, else about
+    dataset_tokens."""
+    manifest = Path(lmconfig.layout(config).tokens_manifest(dataset))
+    if manifest.is_file():
+        shards = json.loads(manifest.read_text()).get("shards", [])
+        counted = sum(s.get("tokens") or 0 for s in shards if s.get("split") == "train")
+        if counted:
+            return float(counted)
+    return dataset_tokens(config, dataset)
+
+
 def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
     """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does)."""
     cpus = [
@@ -385,6 +405,9 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     work_s = train_s + val_s + (evals.seconds if evals else 0.0) + io_s
     startup = startup_s(rc, "train")
     basis = f"{tokens:.3g} tokens; {how}" + (in_training_basis(evals) if evals else "")
+    if not rc.fine_tuning:
+        repeats = {s: e for s, e in epochs(config, rc.dataset, tokens).items() if e > 1}
+        basis += "".join(f"; {e:.1f} epochs of {s}" for s, e in repeats.items())
     job = Job(
         "train", run, launch.device, gpus=devices if launch.device == "cuda" else 0,
         nodes=launch.nodes, cpus=launch.cpus_per_task, mem_mb=launch.mem_mb,

@@ -67,6 +67,9 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None], Job
         c, w["dataset"], f"{w['dataset']}/{w['part']}"
     ),
     "tokenize": lambda c, w, gpu: costs.tokenize_job(c, w["dataset"]),
+    "mixture": lambda c, w, gpu: Job(
+        "mixture", w["dataset"], "", estimate_s=5, basis="local rule: the sources' manifest"
+    ),
     "prepare_conversations": lambda c, w, gpu: Job(
         "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),

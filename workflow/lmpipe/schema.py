@@ -34,6 +34,7 @@ from lmpipe.config import (
     did_you_mean,
     is_conversations,
     is_fine_tuning,
+    is_mixture,
     model_config,
     optimizer_settings,
     run_config,
@@ -215,10 +216,46 @@ def check_evals(config: dict[str, Any], name: str, rc: Any) -> None:
         )
 
 
+# a dataset's keys of its own data, which a mixture (made of its sources') has not
+MIXTURE_REFUSES = {"source", "path", "repo", "name", "shard_tokens", "val_tokens", "approx_tokens"}
+
+
+def check_mixture(config: dict[str, Any], name: str) -> None:
+    """A mixture's weights are positive numbers of text datasets that are not mixtures."""
+    where = f"datasets.{name}.mixture"
+    own = sorted(MIXTURE_REFUSES & config["datasets"][name].keys())
+    if own:
+        raise ConfigError(
+            f"datasets.{name}: a mixture is its sources' data; {', '.join(own)} belong to a"
+            " source of its own (a dataset of the mixture)"
+        )
+    for source, weight in config["datasets"][name]["mixture"].items():
+        if source not in config["datasets"]:
+            raise ConfigError(
+                f"{where}.{source}: unknown dataset {source!r}"
+                f"{did_you_mean(source, config['datasets'])}"
+            )
+        if is_mixture(config, source):
+            raise ConfigError(
+                f"{where}.{source}: {source!r} is a mixture itself; a mixture's sources are"
+                " tokenized datasets (list its sources here instead)"
+            )
+        if is_conversations(config, source):
+            raise ConfigError(f"{where}.{source}: {source!r} is conversations, not text")
+        if not weight > 0:
+            raise ConfigError(
+                f"{where}.{source}: weight {weight} is not positive (a source's share of the"
+                " rows; leave a source out rather than weigh it 0)"
+            )
+
+
 def check_datasets(config: dict[str, Any]) -> None:
     """A dataset's source has what it needs: a path, a repo (and a text dataset's subset)."""
     for name, d in config["datasets"].items():
         where = f"datasets.{name}"
+        if is_mixture(config, name):
+            check_mixture(config, name)
+            continue
         if d["source"] == "local" and not d.get("path"):
             raise ConfigError(f"{where}: source 'local' needs `path`")
         if is_conversations(config, name):  # a ShareGPT dataset needs no subset name

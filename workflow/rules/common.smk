@@ -77,6 +77,24 @@ def get_tokenize_inputs(wildcards):
     return inputs
 
 
+# the datasets tokenized into shards, and the mixtures of them (each with a manifest of its own,
+# lmpipe.data.mixture); a wildcard of one is never the other's
+MIXTURES = [d for d in config["datasets"] if lmconfig.is_mixture(config, d)]
+TOKENIZED = [d for d in config["datasets"] if d not in MIXTURES]
+
+
+def get_mixture_inputs(wildcards):
+    """Each source's tokens manifest, by source name."""
+    sources = config["datasets"][wildcards.dataset]["mixture"]
+    return {name: LAYOUT.tokens_manifest(name) for name in sources}
+
+
+def get_mixture_sources_arg(wildcards, input):
+    return " ".join(
+        f"--source {shlex.quote(f'{name}={path}')}" for name, path in input.items()
+    )
+
+
 def get_from_parts_arg(wildcards, input):
     parts = input.get("parts")
     return "--from-parts " + " ".join(shlex.quote(p) for p in parts) if parts else ""

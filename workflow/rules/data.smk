@@ -6,6 +6,7 @@ localrules:
     download,
     download_hellaswag,
     download_suite,
+    mixture,
 
 
 rule download:
@@ -83,6 +84,8 @@ rule tokenize:
         LAYOUT.log("tokenize", "{dataset}"),
     benchmark:
         LAYOUT.benchmark("tokenize", "{dataset}")
+    wildcard_constraints:
+        dataset=one_of(TOKENIZED),
     conda:
         "../../envs/data.yaml"
     # a node's CPUs (scaled down to --cores when run locally), memory and time (lmpipe.resources)
@@ -99,6 +102,28 @@ rule tokenize:
         "python -m lmpipe.data tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
         " --tokenizer {params.tokenizer:q} --out {params.out:q} --workers {threads}"
         " {params.from_parts} > {log} 2>&1"
+
+
+# a mixture of tokenized datasets: its manifest names each source's and its weight; changing a
+# weight rewrites it (and reruns the trainings on it), never a source's tokenizing
+rule mixture:
+    input:
+        unpack(get_mixture_inputs),
+    output:
+        manifest=LAYOUT.tokens_manifest("{dataset}"),
+    log:
+        LAYOUT.log("mixture", "{dataset}"),
+    wildcard_constraints:
+        dataset=one_of(MIXTURES),
+    conda:
+        "../../envs/data.yaml"
+    params:
+        weights=lambda wc: lmconfig.mixture_params(config, wc.dataset),
+        sources=get_mixture_sources_arg,
+    shell:
+        "python -m lmpipe.data mixture --dataset {wildcards.dataset:q}"
+        " --weights-json {params.weights:q} {params.sources}"
+        " --out {output.manifest:q} > {log} 2>&1"
 
 
 rule prepare_conversations:

@@ -1,11 +1,15 @@
-"""`python -m lmpipe.data download ...` / `python -m lmpipe.data tokenize ...` (the data rules)."""
+"""`python -m lmpipe.data download|tokenize|mixture ...` (the data rules)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-COMMANDS = {"download": "lmpipe.data.download", "tokenize": "lmpipe.data.tokenize"}
+COMMANDS = {
+    "download": "lmpipe.data.download",
+    "tokenize": "lmpipe.data.tokenize",
+    "mixture": "lmpipe.data.mixture",
+}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

@@ -6,7 +6,8 @@ Sources:
   and renames when done, and resumes it on the next call, so an interrupted download never leaves a
   partial file that counts. Files already present with the expected size are not fetched again.
   `HF_TOKEN` is honoured by huggingface_hub itself; this module never prints or stores it.
-- `local`: a parquet or jsonl file (the embedded default), copied in.
+- `local`: a parquet or jsonl file (the embedded default), or a plain .txt file (one document),
+  copied in.
 
 The manifest (`manifest.json`: files, rows, bytes, sha256) is written last and atomically: its
 presence means the download is complete. It is the rule's only declared output, so a failed job
@@ -41,9 +42,11 @@ MANIFEST = "manifest.json"
 
 
 def count_rows(path: Path) -> int:
-    """Rows of a parquet file (from its footer) or lines of a jsonl file."""
+    """Rows of a parquet file (from its footer), lines of a jsonl file; a .txt file is one."""
     if path.suffix == ".parquet":
         return pq.ParquetFile(path).metadata.num_rows
+    if path.suffix == ".txt":
+        return 1
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())
 
@@ -74,8 +77,8 @@ def fetch_local(cfg: SourceConfig, out: Path) -> list[Path]:
     src = Path(cfg.path)
     if not src.is_file():
         raise FileNotFoundError(f"dataset path {src}: no such file")
-    if src.suffix not in (".parquet", ".jsonl"):
-        raise ValueError(f"dataset path {src}: expected a .parquet or .jsonl file")
+    if src.suffix not in (".parquet", ".jsonl", ".txt"):
+        raise ValueError(f"dataset path {src}: expected a .parquet, .jsonl or .txt file")
     dest = out / src.name
     with atomic_file(dest) as tmp:
         shutil.copyfile(src, tmp)

@@ -52,7 +52,8 @@ BATCH_DOCS = 256  # documents a task: large enough to amortise, small enough to 
 
 
 def read_documents(path: Path, text_column: str) -> Iterator[list[str]]:
-    """Yield lists of document texts from a parquet or jsonl file, a batch at a time."""
+    """Yield lists of document texts from a parquet or jsonl file, a batch at a time; a plain
+    .txt file is one document (e.g. a book)."""
     if path.suffix == ".parquet":
         pf = pq.ParquetFile(path)
         if text_column not in pf.schema_arrow.names:
@@ -76,8 +77,10 @@ def read_documents(path: Path, text_column: str) -> Iterator[list[str]]:
                     batch = []
         if batch:
             yield batch
+    elif path.suffix == ".txt":
+        yield [path.read_text()]
     else:
-        raise ValueError(f"{path}: expected a .parquet or .jsonl file")
+        raise ValueError(f"{path}: expected a .parquet, .jsonl or .txt file")
 
 
 def encode_batch(texts: list[str], tokenizer_dir: str) -> np.ndarray:

@@ -1,7 +1,10 @@
-"""FineWeb validation loss of a converted model, as llm.c's val loader computes it."""
+"""FineWeb validation loss of a converted model, as llm.c's val loader computes it (a
+mixture's: each source's and their mean by its weights)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +12,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lmpipe.data.shards import read_manifest, read_shard
+from lmpipe.data.mixture import is_mixture, read_mixture
+from lmpipe.data.shards import read_header, read_manifest, read_shard
 from lmpipe.eval.results import mean_stderr, produced_by
+from lmpipe.files import read_json
 from lmpipe.models import load_hf
 from lmpipe.registry import ValLossSettings
 
@@ -60,22 +65,57 @@ def val_loss(
     return total / (n_seq * T), n_seq * T
 
 
-def evaluate(
-    settings: ValLossSettings, model_dir: Path, inputs: dict[str, Path], device: str
+def score_shard(
+    model: torch.nn.Module, shard: Path, settings: ValLossSettings, device: str
 ) -> dict[str, Any]:
-    model = load_hf(model_dir).to(device)
-    shard = val_shard(inputs["tokens"])
+    """One val shard's loss, with each batch's mean loss in the shard's order (settings.batch
+    sequences a batch, the last maybe fewer) and their standard error."""
     batches: list[float] = []
     loss, tokens = val_loss(model, shard, settings.tokens, settings.batch, device, batches)
     return {
+        "value": loss, "tokens": tokens, "batch_losses": batches, "stderr": mean_stderr(batches),
+    }  # fmt: skip
+
+
+def evaluate(
+    settings: ValLossSettings, model_dir: Path, inputs: dict[str, Path], device: str
+) -> dict[str, Any]:
+    """The val loss on the dataset's val shard; a mixture's: on each source's val shard
+    (`sources`, `settings.tokens` each, or all a smaller shard holds) and their mean by the
+    mixture's weights (`value`)."""
+    model = load_hf(model_dir).to(device)
+    manifest = inputs["tokens"]
+    how = "mean next-token cross-entropy"
+    if not is_mixture(manifest):
+        shard = val_shard(manifest)
+        return {
+            "metric": "fineweb_val_loss",
+            "dataset": read_json(Path(manifest), "tokens manifest").get("dataset"),
+            **score_shard(model, shard, settings, device),
+            "produced_by": produced_by(__name__, model_dir, how, shard=str(shard), device=device),
+        }
+    mixture = read_mixture(manifest)
+    sources = {}
+    for s in mixture.sources:
+        shard = val_shard(s.tokens.path)
+        # a small source's val shard may hold fewer tokens than asked: all of it is scored
+        capped = replace(settings, tokens=min(settings.tokens, read_header(shard) - 1))
+        sources[s.name] = {"dataset": s.name, "weight": s.weight}
+        sources[s.name] |= score_shard(model, shard, capped, device)
+    weighted = [(r["weight"], r) for r in sources.values()]
+    return {
         "metric": "fineweb_val_loss",
-        "value": loss,
-        "tokens": tokens,
-        # each batch's mean loss, in the shard's order (settings.batch sequences a batch, the
-        # last maybe fewer), and their standard error
-        "batch_losses": batches,
-        "stderr": mean_stderr(batches),
+        "dataset": mixture.name,
+        "value": sum(w * r["value"] for w, r in weighted),
+        "tokens": sum(r["tokens"] for r in sources.values()),
+        # the sources' batches are scored apart: the weighted mean's standard error from theirs
+        "stderr": math.sqrt(sum((w * r["stderr"]) ** 2 for w, r in weighted)),
+        "sources": sources,
         "produced_by": produced_by(
-            __name__, model_dir, "mean next-token cross-entropy", shard=str(shard), device=device
-        ),
+            __name__,
+            model_dir,
+            f"{how}, each source's val shard, weighted by the mixture",
+            shards=[str(val_shard(s.tokens.path)) for s in mixture.sources],
+            device=device,
+        ),  # fmt: skip
     }

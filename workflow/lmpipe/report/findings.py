@@ -2,7 +2,8 @@
 
 - Each pretraining run's FineWeb val loss against the first's, with a 95% interval: the runs'
   val_loss evaluations score the same val batches, so the per-batch differences are paired (a
-  t interval over them); "cannot tell" only where the interval holds zero.
+  t interval over them); "cannot tell" only where the interval holds zero. A mixture's runs are
+  compared on each val shard both were scored on (its sources'), never across different data.
 - A fine-tuned run whose FineWeb val loss is above an untrained model's: ln(50,257), the loss of
   a uniform guess over GPT-2's vocabulary (a fresh model's is about that: 10.84 at step 0 of the
   demo).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 from scipy import stats
 
@@ -34,14 +36,39 @@ def paired_interval(a: list[float], b: list[float]) -> tuple[float, float, float
     return mean, mean - half, mean + half
 
 
-def val_loss_line(run: Run, base: Run) -> str | None:
+def val_views(result: dict[str, Any]) -> dict[str | None, dict[str, Any]]:
+    """A val_loss result's scores by the data they were measured on: its dataset's (a
+    mixture's: each source's, its own weighted mean having no batches to pair)."""
+    return result.get("sources") or {result.get("dataset"): result}
+
+
+def val_loss_lines(run: Run, base: Run) -> list[str]:
+    """`run`'s val loss against `base`'s on each val shard both were scored on (a mixture's
+    sources, or the one dataset), paired by batch."""
     mine, theirs = run.evals.get("val_loss"), base.evals.get("val_loss")
     if not mine or not theirs:
-        return None
-    head = (
-        f"{run.name}: FineWeb val loss {mine['value']:.4f} against {base.name}'s"
-        f" {theirs['value']:.4f}"
-    )
+        return []
+    a, b = val_views(mine), val_views(theirs)
+    common = [data for data in a if data in b]
+    if not common:
+        return [
+            f"{run.name}: val loss {mine['value']:.4f} against {base.name}'s"
+            f" {theirs['value']:.4f}, measured on different val data"
+            f" ({mine.get('dataset')} and {theirs.get('dataset')}): no paired interval."
+        ]
+    # a source of a mixture is named; one dataset's val loss is said as before
+    mixed = set(mine.get("sources", {})) | set(theirs.get("sources", {}))
+    return [
+        paired_line(run.name, a[data], base.name, b[data], data if data in mixed else None)
+        for data in common
+    ]
+
+
+def paired_line(
+    name: str, mine: dict[str, Any], base: str, theirs: dict[str, Any], source: str | None
+) -> str:
+    on = "FineWeb val loss" if source is None else f"val loss on {source}"
+    head = f"{name}: {on} {mine['value']:.4f} against {base}'s {theirs['value']:.4f}"
     same_tokens = mine.get("tokens") == theirs.get("tokens")
     interval = same_tokens and paired_interval(
         mine.get("batch_losses") or [], theirs.get("batch_losses") or []
@@ -55,11 +82,11 @@ def val_loss_line(run: Run, base: Run) -> str | None:
     n = len(mine["batch_losses"])
     how = f"{mean:+.4f} a batch, {LEVEL:.0%} interval {low:+.4f} to {high:+.4f} over {n} batches"
     if low > 0:
-        word = f"worse than {base.name}"
+        word = f"worse than {base}"
     elif high < 0:
-        word = f"better than {base.name}"
+        word = f"better than {base}"
     else:
-        word = f"the val tokens cannot tell it from {base.name}"
+        word = f"the val tokens cannot tell it from {base}"
     return f"{head} ({how}): {word}."
 
 
@@ -102,7 +129,7 @@ def skipped_checkpoints(run: Run) -> str | None:
 def findings(runs: list[Run]) -> list[str]:
     """The verdict's lines: each pretraining run's val loss against the first's, then flags."""
     pretrained = [r for r in runs if not r.fine_tuned]
-    lines = [val_loss_line(r, pretrained[0]) for r in pretrained[1:]] if pretrained else []
+    lines = [line for r in pretrained[1:] for line in val_loss_lines(r, pretrained[0])]
     lines += [lost_pretraining(r, runs) for r in runs]
     lines += [repeated_replies(r) for r in runs]
     lines += [skipped_checkpoints(r) for r in runs]

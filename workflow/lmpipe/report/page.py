@@ -174,6 +174,38 @@ def plan_rows(runs: list[Run], headlines: list[dict[str, Any]], plan: dict[str, 
     return rows
 
 
+def source_rows(runs: list[Run]) -> list[dict[str, Any]]:
+    """Where a report has a mixture: each run's data by source, its weight, the tokens (and
+    epochs) the training drew from it (the last train line of metrics.jsonl) and the val loss on
+    its own val shard (the val_loss evaluation); a run of one dataset is one row."""
+    if not any(r.evals.get("val_loss", {}).get("sources") for r in runs):
+        return []
+    rows = []
+    for run in runs:
+        last = run.train[-1] if run.train else {}
+        val = run.evals.get("val_loss", {})
+        by_source = val.get("sources") or {val.get("dataset", "?"): val | {"weight": 1.0}}
+        for name, result in by_source.items():
+            tokens = last.get("tokens_by_source", {}).get(name, last.get("tokens"))
+            epochs = last.get("epochs_by_source", {}).get(name)
+            rows.append(
+                {
+                    "run": run.name, "source": name, "weight": result.get("weight"),
+                    "tokens": tokens, "epochs": epochs, "val_loss": result.get("value"),
+                    "stderr": result.get("stderr"), "val_tokens": result.get("tokens"),
+                }
+            )  # fmt: skip
+        if val.get("sources"):
+            rows.append(
+                {
+                    "run": run.name, "source": "the mixture (weighted mean)", "weight": 1.0,
+                    "tokens": last.get("tokens"), "epochs": None, "val_loss": val.get("value"),
+                    "stderr": val.get("stderr"), "val_tokens": val.get("tokens"),
+                }
+            )  # fmt: skip
+    return rows
+
+
 def restart_rows(runs: list[Run]) -> list[dict[str, Any]]:
     """One row a run with attempts.jsonl: what it survived (lmpipe.report.restarts)."""
     rows = []
@@ -284,6 +316,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         headlines=headlines,
         plan=plan_rows(runs, headlines, plan or {}),
         restarts=restart_rows(runs),
+        sources=source_rows(runs),
         # the headline's references: those with a figure of its columns or a training budget
         references=[
             r

@@ -56,7 +56,10 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     for key, value in record.items():
         if key not in ("step", "tokens") and value is not None:
             prefix = group or ("val" if key == "val_loss" else "train")
-            out[f"{prefix}/{key}"] = value
+            if isinstance(value, dict):  # a mixture's figures by source: train/tokens_by_source/a
+                out |= {f"{prefix}/{key}/{k}": v for k, v in value.items()}
+            else:
+                out[f"{prefix}/{key}"] = value
     return out
 
 
