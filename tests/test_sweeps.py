@@ -7,6 +7,7 @@ import copy
 import json
 import math
 import re
+from html import unescape
 
 import pytest
 import yaml
@@ -17,7 +18,6 @@ from lmpipe import config as lmconfig
 from lmpipe import costs, schema, sweeps
 from lmpipe.paths import Layout
 from lmpipe.report import page
-from lmpipe.report.sweep import fit_power_law
 
 SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
 
@@ -127,6 +127,10 @@ def test_sweep_report_params_hold_the_values_and_the_ladders_compute():
     tokens = rc.train.max_steps * rc.train.batch_tokens  # 10B
     flops = costs.train_flops_per_token(rc.model, rc.train.seq_len) * tokens
     assert ladder["presets"][0]["compute"] == flops
+    # N with the token embedding (padded vocab x width), which the report shows apart
+    xs = "embedded/lr=3e-3_model=tiny-xs"
+    assert ladder["params"][xs] == costs.num_params(lmconfig.run_config(c, xs).model)
+    assert ladder["embedding"][xs] == 50304 * 16
     # an ordinary report has no sweep section
     assert "sweep" not in json.loads(sweeps.report_params(c, "embedded"))
 
@@ -144,18 +148,9 @@ def test_run_wildcard_matches_exactly_the_points():
 # ---- the sweep report, on synthetic point folders ----
 
 
-def test_power_law_fit_recovers_a_known_exponent():
-    points = [{"compute": c, "loss": 2.0 * (c / 1e12) ** -0.3 + 1.5} for c in
-              (1e12, 3e12, 1e13, 3e13, 1e14)]  # fmt: skip
-    fit = fit_power_law(points)
-    assert abs(fit.b - 0.3) < 1e-3 and abs(fit.e - 1.5) < 1e-3 and not fit.exact
-    assert max(abs(p["residual"]) for p in fit.points) < 1e-6
-    assert fit_power_law(points[:2]).startswith("2 finished model size(s)")
-
-
-def sweep_params(ladder: bool = True) -> dict:
-    """report_params of a 4-point ladder sweep (one lr, four sizes) and a second lr."""
-    names = {f"s/lr=1e-3_model=m{i}": (1e-3, f"m{i}") for i in range(4)}
+def sweep_params(ladder: bool = True, sizes: int = 4) -> dict:
+    """report_params of a ladder sweep (one lr, `sizes` sizes) and a second lr of m1."""
+    names = {f"s/lr=1e-3_model=m{i}": (1e-3, f"m{i}") for i in range(sizes)}
     names["s/lr=3e-3_model=m1"] = (3e-3, "m1")
     params = {
         "report": "sweep-s",
@@ -172,10 +167,11 @@ def sweep_params(ladder: bool = True) -> dict:
         },
     }
     if ladder:
-        size = {n: 10 ** (6 + int(m[1]) / 2) for n, (_, m) in names.items()}
+        size = {n: 10 ** (6 + int(m[1:]) / 2) for n, (_, m) in names.items()}
         params["sweep"]["ladder"] = {
             "tokens_per_param": 20,
             "params": {n: int(size[n]) for n in names},
+            "embedding": {n: int(size[n]) // 2 for n in names},
             # ints, as lmpipe.sweeps computes them (the presets' past int64)
             "compute": {n: int(120 * size[n] ** 2) for n in names},
             "presets": [{"run": "350m", "compute": 7 * 10**19, "reference": "llm.c GPT-2 350M"}],
@@ -198,11 +194,29 @@ def test_sweep_report_marks_the_best_leaves_unfinished_points_out_and_fits(tmp_p
     assert re.search(r'id="point-s/lr=1e-3_model=m3">.*?not finished', html, re.S)
     # the best finished point (m2: m3 would be lower but did not finish)
     assert re.search(r'id="best">.*?<strong>s/lr=1e-3_model=m2</strong>', html, re.S)
-    # the fit: the best point of each of the 3 finished sizes, so exactly determined
+    # the fit: the best point of each of the 3 finished sizes
     fit_rows = re.findall(r"<tr><td>(s/[^<]+)</td>", html.split('id="fit-table"')[1])
     assert fit_rows == ["s/lr=1e-3_model=m0", "s/lr=1e-3_model=m1", "s/lr=1e-3_model=m2"]
-    assert re.search(r'id="exponent">0\.250<', html), "the fitted exponent"
-    assert "residuals are zero by construction" in html
+    # 3 points, 3 parameters: no standard error, never bold, and the warning in words
+    assert re.search(r'<span id="exponent">0\.25 \(no standard error\)</span>', html)
+    warning = unescape(html.split('id="fit-warning"')[1].split("</p>")[0])
+    assert "The power law is not identified" in warning
+    assert "3 points for the law's 3 parameters leave 0 residual degrees of freedom" in warning
+    assert "Exponents b from 0 to 5" in warning
+    assert "N is the model's parameters, token embedding included" in html
     assert 'id="presets-table"' in html and "2.93" in html  # llm.c's 350M beside the fit
     assert html.count("<img ") == 4  # one a swept key, the ladder, the curves
     assert "<script" not in html and "http" not in html.split("</style>")[1]
+
+
+def test_a_ladder_that_identifies_its_law_prints_the_exponent_bold_and_warns_of_nothing(tmp_path):
+    """6 sizes on a law, no noise: b with its (tiny) standard error, bold, and no warning."""
+    layout = Layout(results=str(tmp_path), data=str(tmp_path / "data"))
+    params = sweep_params(sizes=6)
+    compute = params["sweep"]["ladder"]["compute"]
+    for name in params["order"]:
+        write_run(layout, name, val_loss=3.0 * (compute[name] / 1e14) ** -0.25 + 2.0)
+    html = page.build_report(params, layout)
+    assert re.search(r'<strong id="exponent">0\.2500 ± &lt; 0\.0001</strong>', html)
+    assert 'id="fit-warning"' not in html and "not identified" not in html
+    assert "Exponents b from 0.25 to 0.25 fit the points within the 95% profile bound" in html

@@ -3,28 +3,28 @@
 From the report params' `sweep` section (lmpipe.sweeps.sweep_params) and the points' result
 files: the final val loss and every headline evaluation against each swept key, one line per
 value of the other keys, the best point marked; every point's curves; and for a size ladder a
-power law of val loss against training compute, L = a * C^-b + e (scipy's curve_fit over the best
-finished point of each model size), its residuals, and where the 124M / 350M presets would land
-on it beside llm.c's published val losses. A point that did not finish is shown as such and left
-out of the best point and the fit.
+power law of val loss against training compute (lmpipe.report.powerlaw: its parameters with
+standard errors, the range of exponents the points cannot tell apart, and a warning in words
+where the law is not identified), and where the 124M / 350M presets would land on it beside
+llm.c's published val losses. The fit takes the best finished point of each model size. A
+point that did not finish is shown as such and left out of the best point and the fit.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lmpipe.registry import EVALUATIONS, Column
 from lmpipe.report.figures import _png, loss_figure, plt
+from lmpipe.report.powerlaw import Fit, b_bounds, fit_power_law, range_words
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import Run, headline_columns
 
-# the fit needs more points than its 3 parameters to leave residuals that say anything
-FIT_PARAMS = 3
+# what the ladder's parameter count N holds, on the figures and the page
+PARAMETERS = "parameters, token embedding included"
 
 
 def final_metrics(run: Run) -> dict[str, float | None]:
@@ -87,60 +87,12 @@ def key_figure(
         if categories:
             ax.set_xticks(range(len(categories)), [str(c) for c in categories])
         name = short[key]
-        xlabel = f"{name} (parameters)" if x_of else name
+        xlabel = f"{name} ({PARAMETERS})" if x_of else name
         ax.set(xlabel=xlabel, ylabel=column.label, title=f"{column.label} against {name}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
     return _png(fig)
-
-
-@dataclass
-class Fit:
-    """L = a * C^-b + e over the ladder's points (C: training FLOPs)."""
-
-    a: float
-    b: float
-    e: float
-    points: list[dict[str, Any]]  # run, params, compute, loss, fitted, residual
-    exact: bool  # as many points as parameters: the curve passes through every one
-
-    def loss(self, compute: float) -> float:
-        return self.a * compute**-self.b + self.e
-
-
-def fit_power_law(points: list[dict[str, Any]]) -> Fit | str:
-    """The fit over `points` (each with compute and loss), or why there is none."""
-    from scipy.optimize import OptimizeWarning, curve_fit
-
-    if len(points) < FIT_PARAMS:
-        return f"{len(points)} finished model size(s): a fit needs {FIT_PARAMS}"
-    c = np.array([p["compute"] for p in points], dtype=float)
-    y = np.array([p["loss"] for p in points], dtype=float)
-    c0 = c.min()  # fitted on C / c0: a of order the losses, not of order C^b
-
-    def law(x: np.ndarray, a: float, b: float, e: float) -> np.ndarray:
-        return a * x**-b + e
-
-    # 3 points and 3 parameters leave no covariance to estimate (the page says the fit is exact)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", OptimizeWarning)
-        try:
-            (a, b, e), _ = curve_fit(
-                law,
-                c / c0,
-                y,
-                p0=(max(y.max() - 0.9 * y.min(), 1e-3), 0.3, 0.9 * y.min()),
-                bounds=([0, 0, 0], [np.inf, 5, y.min()]),
-                maxfev=20000,
-            )
-        except (RuntimeError, ValueError) as err:
-            return f"no fit: {err}"
-    fit = Fit(a * c0**b, b, e, [], exact=len(points) == FIT_PARAMS)
-    for p in points:
-        fitted = fit.loss(p["compute"])
-        fit.points.append(p | {"fitted": fitted, "residual": p["loss"] - fitted})
-    return fit
 
 
 def ladder_points(ladder: dict[str, Any], runs: list[Run], loss: dict[str, float | None]):
@@ -154,6 +106,7 @@ def ladder_points(ladder: dict[str, Any], runs: list[Run], loss: dict[str, float
             best[n] = {
                 "run": r.name,
                 "params": n,
+                "embedding": ladder["embedding"][r.name],
                 "compute": ladder["compute"][r.name],
                 "loss": loss[r.name],
             }
@@ -161,12 +114,14 @@ def ladder_points(ladder: dict[str, Any], runs: list[Run], loss: dict[str, float
 
 
 def presets(ladder: dict[str, Any], fit: Fit | None) -> list[dict[str, Any]]:
-    """The presets' compute, the fit's val loss there, and llm.c's published val loss."""
+    """The presets' compute, the fit's val loss there (and its range over the exponents as good
+    as the best), and llm.c's published val loss."""
     published = {r.name: r.figures.get("val_loss") for r in REFERENCES}
     return [
         p
         | {
-            "predicted": fit.loss(p["compute"]) if fit else None,
+            "predicted": float(fit.loss(p["compute"])) if fit else None,
+            "range": fit.profile.loss_range(p["compute"]) if fit else None,
             "published": published.get(p["reference"]),
         }
         for p in ladder["presets"]
@@ -174,26 +129,15 @@ def presets(ladder: dict[str, Any], fit: Fit | None) -> list[dict[str, Any]]:
 
 
 def ladder_figure(fit: Fit | None, points: list[dict[str, Any]], marks: list[dict]) -> str:
-    """Val loss against compute, log-log: the points, the fit out to the presets, their marks."""
+    """Val loss against compute, log-log: the points, the fit out to the presets with the band of
+    the laws as good as it, their marks."""
     fig, ax = plt.subplots(figsize=(9, 5))
     ax.plot([p["compute"] for p in points], [p["loss"] for p in points], "o", ms=8, label="points")
     for i, p in enumerate(points):  # labels above and below by turns: neighbours lie close
         ax.annotate(p["run"].split("/", 1)[-1], (p["compute"], p["loss"]), fontsize=7,
                     xytext=(4, 4 if i % 2 == 0 else -11), textcoords="offset points")  # fmt: skip
     if fit is not None:
-        hi = max([p["compute"] for p in points] + [m["compute"] for m in marks])
-        # float: FLOPs in the params are ints, past int64 for the presets
-        xs = np.geomspace(float(min(p["compute"] for p in points)), float(hi), 200)
-        ax.plot(xs, fit.loss(xs), "-", color="C1",
-                label=f"fit: L = {fit.a:.3g}·C^-{fit.b:.3f} + {fit.e:.3f}")  # fmt: skip
-        # short labels, centred on their marks (the presets lie only ~10x apart in compute; the
-        # table above the figure has the figures in full)
-        for i, m in enumerate(marks):
-            ax.plot(m["compute"], m["predicted"], "x", ms=10, mew=2, color="C3",
-                    label=None if i else "the presets on the fit")  # fmt: skip
-            ax.annotate(f"{m['run']} {m['predicted']:.2f}", (m["compute"], m["predicted"]),
-                        fontsize=8, xytext=(0, 9), textcoords="offset points",
-                        ha="center")  # fmt: skip
+        fit_curve(ax, fit, points, marks)
     published = [m for m in marks if m["published"] is not None]
     for i, m in enumerate(published):
         ax.plot(m["compute"], m["published"], "*", ms=12, color="0.3",
@@ -202,12 +146,32 @@ def ladder_figure(fit: Fit | None, points: list[dict[str, Any]], marks: list[dic
                     xytext=(0, -14), textcoords="offset points", ha="center")  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set(xlabel="training compute C (FLOPs: 6N + 6LCT a token)", ylabel="final val loss",
-           title="Val loss against compute (size ladder)")  # fmt: skip
+    ax.set(xlabel=f"training compute C (FLOPs: 6N + 6LCT a token; N: {PARAMETERS})",
+           ylabel="final val loss", title="Val loss against compute (size ladder)")  # fmt: skip
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _png(fig)
+
+
+def fit_curve(ax: Any, fit: Fit, points: list[dict[str, Any]], marks: list[dict]) -> None:
+    """The fitted law, the band of the laws its points cannot tell from it, the presets on it."""
+    hi = max([p["compute"] for p in points] + [m["compute"] for m in marks])
+    # float: FLOPs in the params are ints, past int64 for the presets
+    xs = np.geomspace(float(min(p["compute"] for p in points)), float(hi), 200)
+    band = np.array([law.loss(xs) for law in fit.profile.laws])
+    lo, up = b_bounds(fit.profile)
+    ax.fill_between(xs, band.min(axis=0), band.max(axis=0), color="C1", alpha=0.15, lw=0,
+                    label=f"as good a fit (95% profile): b from {lo} to {up}")  # fmt: skip
+    status = "" if fit.identified else ", not identified"
+    ax.plot(xs, fit.loss(xs), "-", color="C1", label=f"fit: b = {fit.b}{status}")
+    # short labels, centred on their marks (the presets lie only ~10x apart in compute; the
+    # table above the figure has the figures in full)
+    for i, m in enumerate(marks):
+        ax.plot(m["compute"], m["predicted"], "x", ms=10, mew=2, color="C3",
+                label=None if i else "the presets on the fit")  # fmt: skip
+        ax.annotate(f"{m['run']} {m['predicted']:.2f}", (m["compute"], m["predicted"]),
+                    fontsize=8, xytext=(0, 9), textcoords="offset points", ha="center")  # fmt: skip
 
 
 def sweep_context(params: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
@@ -225,32 +189,38 @@ def sweep_context(params: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
         figures[key] = key_figure(
             key, sweep["short"], sweep["points"], metrics, columns, best, x_of
         )
-    context: dict[str, Any] = {
+    return {
         "sweep": sweep,
         "columns": columns,
         "metrics": metrics,
         "best": best,
         "key_figures": figures,
         "curves": loss_figure(runs),
-        "ladder": None,
+        "ladder": ladder_context(sweep, runs, loss) if ladder else None,
     }
-    if ladder:
-        points = ladder_points(ladder, runs, loss)
-        fit = fit_power_law(points)
-        marks = presets(ladder, fit if isinstance(fit, Fit) else None)
-        context["ladder"] = {
-            "tokens_per_param": ladder["tokens_per_param"],
-            "params": ladder["params"],
-            "compute": ladder["compute"],
-            "points": points,
-            "fit": fit if isinstance(fit, Fit) else None,
-            "no_fit": fit if isinstance(fit, str) else None,
-            "presets": marks,
-            "figure": ladder_figure(fit if isinstance(fit, Fit) else None, points, marks)
-            if points
-            else None,
-        }
-    return context
+
+
+def ladder_context(
+    sweep: dict[str, Any], runs: list[Run], loss: dict[str, float | None]
+) -> dict[str, Any]:
+    """The ladder's section: its points, the fit or why there is none, the presets."""
+    ladder = sweep["ladder"]
+    points = ladder_points(ladder, runs, loss)
+    result = fit_power_law(points)
+    fit = result if isinstance(result, Fit) else None
+    marks = presets(ladder, fit)
+    return {
+        "tokens_per_param": ladder["tokens_per_param"],
+        "params": ladder["params"],
+        "compute": ladder["compute"],
+        "parameters": PARAMETERS,
+        "points": points,
+        "fit": fit,
+        "no_fit": result if isinstance(result, str) else None,
+        "profile_words": range_words(fit.profile) if fit else None,
+        "presets": marks,
+        "figure": ladder_figure(fit, points, marks) if points else None,
+    }
 
 
 def fmt_sci(x: float | None) -> str:
