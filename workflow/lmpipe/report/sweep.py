@@ -6,13 +6,15 @@ value of the other keys, the best point marked; every point's curves; and for a 
 power law of val loss against training compute (lmpipe.report.powerlaw: its parameters with
 standard errors, the range of exponents the points cannot tell apart, and a warning in words
 where the law is not identified), and where the 124M / 350M presets would land on it beside
-llm.c's published val losses. The fit takes the best finished point of each model size. A
-point that did not finish is shown as such and left out of the best point and the fit.
+llm.c's published val losses. The ladder's points are one a model size under one rule, which
+the page states: the setting every size shares, or each size's best of the settings every size
+has. A point that did not finish is shown as such and left out of the best point and the fit.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from lmpipe.report.figures import _png, loss_figure, plt
 from lmpipe.report.powerlaw import Fit, b_bounds, fit_power_law, range_words
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import Run, headline_columns
+from lmpipe.sweeps import format_value
 
 # what the ladder's parameter count N holds, on the figures and the page
 PARAMETERS = "parameters, token embedding included"
@@ -95,22 +98,96 @@ def key_figure(
     return _png(fig)
 
 
-def ladder_points(ladder: dict[str, Any], runs: list[Run], loss: dict[str, float | None]):
-    """The best finished point of each model size (its parameters), by compute."""
-    best: dict[int, dict[str, Any]] = {}
-    for r in runs:
-        if loss.get(r.name) is None:
-            continue
-        n = ladder["params"][r.name]
-        if n not in best or loss[r.name] < best[n]["loss"]:
-            best[n] = {
-                "run": r.name,
-                "params": n,
-                "embedding": ladder["embedding"][r.name],
-                "compute": ladder["compute"][r.name],
-                "loss": loss[r.name],
-            }
-    return sorted(best.values(), key=lambda p: p["compute"])
+@dataclass
+class Ladder:
+    """The ladder's points under one rule, one a model size, and the points the rule leaves out."""
+
+    points: list[dict[str, Any]]  # run, params, embedding, compute, loss; by compute
+    rule: str  # the rule in words: "sizes compared at lr 3e-3"
+    left_out: dict[str, str]  # run -> why the fit leaves it out
+    no_rule: str | None = None  # why no rule compares the sizes (no setting they all share)
+
+
+def setting_of(sweep: dict[str, Any], run: str) -> tuple:
+    """A point's values of the swept keys other than the model: what its size is compared at."""
+    return tuple(v for k, v in sweep["points"][run].items() if k != "model")
+
+
+def setting_words(sweep: dict[str, Any], setting: tuple) -> str:
+    """`lr 3e-3`: a setting as the page names it."""
+    keys = [k for k in sweep["keys"] if k != "model"]
+    return ", ".join(
+        f"{sweep['short'][k]} {format_value(v)}" for k, v in zip(keys, setting, strict=True)
+    )
+
+
+def shared_settings(sweep: dict[str, Any], sizes: dict[str, int]) -> list[tuple]:
+    """The settings every model size (a parameter count) has a point at, in the sweep's order."""
+    by_size: dict[int, set[tuple]] = {}
+    for run, n in sizes.items():
+        by_size.setdefault(n, set()).add(setting_of(sweep, run))
+    order = dict.fromkeys(setting_of(sweep, run) for run in sizes)
+    return [s for s in order if all(s in settings for settings in by_size.values())]
+
+
+def rule_words(sweep: dict[str, Any], shared: list[tuple]) -> str:
+    """The ladder's rule in words."""
+    if shared == [()]:
+        return "one point a model size"
+    if len(shared) == 1:
+        return f"sizes compared at {setting_words(sweep, shared[0])}"
+    each = "; ".join(setting_words(sweep, s) for s in shared)
+    return f"each size at its best of {each} (every size has a point at each)"
+
+
+def size_point(
+    sweep: dict[str, Any], chosen: list[str], loss: dict[str, float | None], left_out: dict
+) -> str | None:
+    """A size's point among its points at the shared settings (`chosen`): the lowest loss once
+    all have finished (a best of some would favour the size with fewer done); the others go to
+    `left_out`, saying why."""
+    if any(loss.get(r) is None for r in chosen):
+        for r in chosen:
+            left_out[r] = "not finished" if loss.get(r) is None else "its size has points to come"
+        return None
+    best = min(chosen, key=lambda r: loss[r])
+    for r in chosen:
+        if r != best:
+            left_out[r] = f"its size's best is {setting_words(sweep, setting_of(sweep, best))}"
+    return best
+
+
+def ladder_points(sweep: dict[str, Any], runs: list[str], loss: dict[str, float | None]) -> Ladder:
+    """One point a model size under one rule: the setting (the values of the swept keys besides
+    the model) every size shares, or with several shared, each size's best of them, once all of
+    a size's points at them have finished. Sizes compared at different settings (the best lr of
+    a size that swept lr beside a single lr of the others) would fit the law to the lr sweep."""
+    ladder = sweep["ladder"]
+    sizes = {r: ladder["params"][r] for r in runs}
+    shared = shared_settings(sweep, sizes)
+    if not shared:
+        keys = ", ".join(k for k in sweep["keys"] if k != "model")
+        why = f"no value of {keys} that every model size has a point at"
+        return Ladder([], "", {r: why for r in sizes}, no_rule=why)
+    points, left_out = [], {}
+    for n in sorted(set(sizes.values())):
+        of_size = [r for r in sizes if sizes[r] == n]
+        for r in of_size:
+            if setting_of(sweep, r) not in shared:
+                left_out[r] = f"{setting_words(sweep, setting_of(sweep, r))}: not every size has it"
+        best = size_point(sweep, [r for r in of_size if r not in left_out], loss, left_out)
+        if best is not None:
+            points.append(
+                {
+                    "run": best,
+                    "params": n,
+                    "embedding": ladder["embedding"][best],
+                    "compute": ladder["compute"][best],
+                    "loss": loss[best],
+                }
+            )
+    points.sort(key=lambda p: p["compute"])
+    return Ladder(points, rule_words(sweep, shared), left_out)
 
 
 def presets(ladder: dict[str, Any], fit: Fit | None) -> list[dict[str, Any]]:
@@ -203,10 +280,10 @@ def sweep_context(params: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
 def ladder_context(
     sweep: dict[str, Any], runs: list[Run], loss: dict[str, float | None]
 ) -> dict[str, Any]:
-    """The ladder's section: its points, the fit or why there is none, the presets."""
+    """The ladder's section: its rule, points, the fit or why there is none, the presets."""
     ladder = sweep["ladder"]
-    points = ladder_points(ladder, runs, loss)
-    result = fit_power_law(points)
+    chosen = ladder_points(sweep, [r.name for r in runs], loss)
+    result = fit_power_law(chosen.points) if chosen.no_rule is None else chosen.no_rule
     fit = result if isinstance(result, Fit) else None
     marks = presets(ladder, fit)
     return {
@@ -214,12 +291,14 @@ def ladder_context(
         "params": ladder["params"],
         "compute": ladder["compute"],
         "parameters": PARAMETERS,
-        "points": points,
+        "rule": chosen.rule,
+        "left_out": chosen.left_out,
+        "points": chosen.points,
         "fit": fit,
         "no_fit": result if isinstance(result, str) else None,
         "profile_words": range_words(fit.profile) if fit else None,
         "presets": marks,
-        "figure": ladder_figure(fit, points, marks) if points else None,
+        "figure": ladder_figure(fit, chosen.points, marks) if chosen.points else None,
     }
 
 
