@@ -7,6 +7,7 @@ import copy
 import json
 import math
 import re
+from html import unescape
 
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from lmpipe import config as lmconfig
 from lmpipe import costs, schema, sweeps
 from lmpipe.paths import Layout
 from lmpipe.report import page
-from lmpipe.report.sweep import fit_power_law
+from lmpipe.report.sweep import ladder_points
 
 SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
 
@@ -127,6 +128,10 @@ def test_sweep_report_params_hold_the_values_and_the_ladders_compute():
     tokens = rc.train.max_steps * rc.train.batch_tokens  # 10B
     flops = costs.train_flops_per_token(rc.model, rc.train.seq_len) * tokens
     assert ladder["presets"][0]["compute"] == flops
+    # N with the token embedding (padded vocab x width), which the report shows apart
+    xs = "embedded/lr=3e-3_model=tiny-xs"
+    assert ladder["params"][xs] == costs.num_params(lmconfig.run_config(c, xs).model)
+    assert ladder["embedding"][xs] == 50304 * 16
     # an ordinary report has no sweep section
     assert "sweep" not in json.loads(sweeps.report_params(c, "embedded"))
 
@@ -144,18 +149,9 @@ def test_run_wildcard_matches_exactly_the_points():
 # ---- the sweep report, on synthetic point folders ----
 
 
-def test_power_law_fit_recovers_a_known_exponent():
-    points = [{"compute": c, "loss": 2.0 * (c / 1e12) ** -0.3 + 1.5} for c in
-              (1e12, 3e12, 1e13, 3e13, 1e14)]  # fmt: skip
-    fit = fit_power_law(points)
-    assert abs(fit.b - 0.3) < 1e-3 and abs(fit.e - 1.5) < 1e-3 and not fit.exact
-    assert max(abs(p["residual"]) for p in fit.points) < 1e-6
-    assert fit_power_law(points[:2]).startswith("2 finished model size(s)")
-
-
-def sweep_params(ladder: bool = True) -> dict:
-    """report_params of a 4-point ladder sweep (one lr, four sizes) and a second lr."""
-    names = {f"s/lr=1e-3_model=m{i}": (1e-3, f"m{i}") for i in range(4)}
+def sweep_params(ladder: bool = True, sizes: int = 4) -> dict:
+    """report_params of a ladder sweep (one lr, `sizes` sizes) and a second lr of m1."""
+    names = {f"s/lr=1e-3_model=m{i}": (1e-3, f"m{i}") for i in range(sizes)}
     names["s/lr=3e-3_model=m1"] = (3e-3, "m1")
     params = {
         "report": "sweep-s",
@@ -172,10 +168,11 @@ def sweep_params(ladder: bool = True) -> dict:
         },
     }
     if ladder:
-        size = {n: 10 ** (6 + int(m[1]) / 2) for n, (_, m) in names.items()}
+        size = {n: 10 ** (6 + int(m[1:]) / 2) for n, (_, m) in names.items()}
         params["sweep"]["ladder"] = {
             "tokens_per_param": 20,
             "params": {n: int(size[n]) for n in names},
+            "embedding": {n: int(size[n]) // 2 for n in names},
             # ints, as lmpipe.sweeps computes them (the presets' past int64)
             "compute": {n: int(120 * size[n] ** 2) for n in names},
             "presets": [{"run": "350m", "compute": 7 * 10**19, "reference": "llm.c GPT-2 350M"}],
@@ -198,11 +195,108 @@ def test_sweep_report_marks_the_best_leaves_unfinished_points_out_and_fits(tmp_p
     assert re.search(r'id="point-s/lr=1e-3_model=m3">.*?not finished', html, re.S)
     # the best finished point (m2: m3 would be lower but did not finish)
     assert re.search(r'id="best">.*?<strong>s/lr=1e-3_model=m2</strong>', html, re.S)
-    # the fit: the best point of each of the 3 finished sizes, so exactly determined
+    # the fit: the 3 finished sizes at the lr they all share; m1's other lr left out, and m3
     fit_rows = re.findall(r"<tr><td>(s/[^<]+)</td>", html.split('id="fit-table"')[1])
     assert fit_rows == ["s/lr=1e-3_model=m0", "s/lr=1e-3_model=m1", "s/lr=1e-3_model=m2"]
-    assert re.search(r'id="exponent">0\.250<', html), "the fitted exponent"
-    assert "residuals are zero by construction" in html
+    assert "The ladder's points: sizes compared at lr 1e-3" in html
+    left_out = html.split('id="left-out"')[1].split("</p>")[0]
+    assert "s/lr=3e-3_model=m1</code> (lr 3e-3: not every size has it)" in left_out
+    assert "s/lr=1e-3_model=m3</code> (not finished)" in left_out
+    # 3 points, 3 parameters: no standard error, never bold, and the warning in words
+    assert re.search(r'<span id="exponent">0\.25 \(no standard error\)</span>', html)
+    warning = unescape(html.split('id="fit-warning"')[1].split("</p>")[0])
+    assert "The power law is not identified" in warning
+    assert "3 points for the law's 3 parameters leave 0 residual degrees of freedom" in warning
+    assert "Exponents b from 0 to 5" in warning
+    assert "N is the model's parameters, token embedding included" in html
     assert 'id="presets-table"' in html and "2.93" in html  # llm.c's 350M beside the fit
     assert html.count("<img ") == 4  # one a swept key, the ladder, the curves
     assert "<script" not in html and "http" not in html.split("</style>")[1]
+
+
+def test_a_ladder_that_identifies_its_law_prints_the_exponent_bold_and_warns_of_nothing(tmp_path):
+    """6 sizes on a law, no noise: b with its (tiny) standard error, bold, and no warning."""
+    layout = Layout(results=str(tmp_path), data=str(tmp_path / "data"))
+    params = sweep_params(sizes=6)
+    compute = params["sweep"]["ladder"]["compute"]
+    for name in params["order"]:
+        write_run(layout, name, val_loss=3.0 * (compute[name] / 1e14) ** -0.25 + 2.0)
+    html = page.build_report(params, layout)
+    assert re.search(r'<strong id="exponent">0\.2500 ± &lt; 0\.0001</strong>', html)
+    assert 'id="fit-warning"' not in html and "not identified" not in html
+    assert "Exponents b from 0.25 to 0.25 fit the points within the 95% profile bound" in html
+
+
+# ---- the ladder's points: one a size, under one rule ----
+
+
+def shipped_ladder() -> dict:
+    """The shipped sweep's report params: an lr sweep of tiny beside a ladder at lr 3e-3."""
+    c = schema.load_config(CONFIG_FILE)
+    return json.loads(sweeps.report_params(c, "sweep-embedded"))["sweep"]
+
+
+def test_the_shipped_ladder_compares_every_size_at_the_lr_they_share():
+    """tiny's best lr (here 1e-2) is not its point: the other sizes trained only at 3e-3."""
+    sweep = shipped_ladder()
+    runs = list(sweep["points"])
+    loss = {r: 10.0 - sweep["ladder"]["params"][r] / 1e6 for r in runs}
+    loss["embedded/lr=1e-2_model=tiny"] -= 1.0  # tiny's best lr
+    ladder = ladder_points(sweep, runs, loss)
+    assert ladder.rule == "sizes compared at lr 3e-3"
+    assert [p["run"] for p in ladder.points] == [
+        f"embedded/lr=3e-3_model={m}" for m in ("tiny-xs", "tiny-s", "tiny", "tiny-l")
+    ]
+    assert ladder.left_out == {
+        "embedded/lr=1e-3_model=tiny": "lr 1e-3: not every size has it",
+        "embedded/lr=1e-2_model=tiny": "lr 1e-2: not every size has it",
+    }
+    point = ladder.points[0]
+    c = schema.load_config(CONFIG_FILE)
+    tiny_xs = lmconfig.model_config(c["models"]["tiny-xs"], "model")
+    assert point["params"] == costs.num_params(tiny_xs) and point["embedding"] == 50304 * 16
+
+
+def grid_ladder(lrs: dict[str, list[float]]) -> dict:
+    """A ladder's sweep params: model size -> the lrs it has a point at."""
+    points = {f"g/lr={lr:g}_model={m}": {"train.optimizer.lr": lr, "model": m}
+              for m, values in lrs.items() for lr in values}  # fmt: skip
+    size = {m: 10 ** (6 + i) for i, m in enumerate(lrs)}
+    return {
+        "keys": ["train.optimizer.lr", "model"],
+        "short": {"train.optimizer.lr": "lr", "model": "model"},
+        "points": points,
+        "ladder": {
+            "params": {r: size[p["model"]] for r, p in points.items()},
+            "embedding": {r: size[p["model"]] // 2 for r, p in points.items()},
+            "compute": {r: 100 * size[p["model"]] ** 2 for r, p in points.items()},
+        },
+    }
+
+
+def test_a_ladder_that_sweeps_lr_at_every_size_takes_each_sizes_best():
+    sweep = grid_ladder({"a": [0.001, 0.003], "b": [0.001, 0.003], "c": [0.001, 0.003]})
+    loss = dict(zip(sweep["points"], [5.0, 5.5, 4.5, 4.0, 3.0, 3.5], strict=True))
+    ladder = ladder_points(sweep, list(loss), loss)
+    assert (
+        ladder.rule == "each size at its best of lr 1e-3; lr 3e-3 (every size has a point at each)"
+    )
+    assert [p["run"] for p in ladder.points] == [
+        "g/lr=0.001_model=a", "g/lr=0.003_model=b", "g/lr=0.001_model=c"
+    ]  # fmt: skip
+    assert ladder.left_out["g/lr=0.003_model=a"] == "its size's best is lr 1e-3"
+    # a size whose lrs have not all finished is left out, not fitted at a partial best
+    loss["g/lr=0.003_model=c"] = None
+    ladder = ladder_points(sweep, list(loss), loss)
+    assert [p["run"] for p in ladder.points] == ["g/lr=0.001_model=a", "g/lr=0.003_model=b"]
+    assert ladder.left_out["g/lr=0.001_model=c"] == "its size has points to come"
+    assert ladder.left_out["g/lr=0.003_model=c"] == "not finished"
+
+
+def test_sizes_that_share_no_lr_are_not_compared():
+    sweep = grid_ladder({"a": [0.001], "b": [0.003], "c": [0.003]})
+    loss = dict.fromkeys(sweep["points"], 4.0)
+    ladder = ladder_points(sweep, list(loss), loss)
+    assert ladder.points == [] and ladder.no_rule == (
+        "no value of train.optimizer.lr that every model size has a point at"
+    )

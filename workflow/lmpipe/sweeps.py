@@ -217,14 +217,24 @@ def compute(config: dict[str, Any], run: str) -> float:
 
 
 def params(config: dict[str, Any], run: str) -> int:
-    """A run's model's parameters (lmpipe.registry, without torch)."""
+    """A run's model's parameters, all of them, the token embedding included (Chinchilla's count;
+    Kaplan et al.'s leaves the embeddings out): lmpipe.registry, without torch. A size ladder's
+    tokens and its report's N are this count."""
     model = lmconfig.run_config(config, run).model
     return ARCHITECTURES[model.arch].num_params(model)
 
 
+def embedding(config: dict[str, Any], run: str) -> int:
+    """A run's model's token embedding, padded vocab x width: the report says how much of N it
+    is (most of a tiny model's)."""
+    model = lmconfig.run_config(config, run).model
+    return model.padded_vocab_size * model.n_embd
+
+
 def sweep_params(config: dict[str, Any], name: str) -> dict[str, Any]:
     """What the sweep report needs besides the runs: each point's swept values and, for a size
-    ladder, each point's parameters and compute, and the presets' compute."""
+    ladder, each point's parameters (and its token embedding's) and compute, and the presets'
+    compute."""
     sweep = config["sweeps"][name]
     runs = config["reports"][report_name(name)]["runs"]
     keys = list(dict.fromkeys(k for p in points_of(sweep) for k in p))
@@ -240,6 +250,7 @@ def sweep_params(config: dict[str, Any], name: str) -> dict[str, Any]:
         out["ladder"] = {
             "tokens_per_param": sweep["tokens_per_param"],
             "params": {r: params(config, r) for r in runs},
+            "embedding": {r: embedding(config, r) for r in runs},
             "compute": {r: compute(config, r) for r in runs},
             "presets": [
                 {"run": p, "compute": compute(config, p), "reference": ref}
