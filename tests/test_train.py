@@ -21,9 +21,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from conftest import TOKENIZER_DIR, kill_at_checkpoint, wandb_history
+from conftest import REPO, TOKENIZER_DIR, kill_at_checkpoint, wandb_history
 from lmpipe.config import ScheduleConfig, train_config
 from lmpipe.data.loader import DataShare, ShardLoader
+from lmpipe.data.mixture import write_mixture
 from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.models.gpt2.model import GPT, GPTConfig
@@ -335,6 +336,60 @@ def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
             elif isinstance(value, torch.Tensor):
                 flat[f"{prefix}{key}"] = value
     return flat
+
+
+@pytest.fixture(scope="module")
+def mixture_manifest(tmp_path_factory, manifest) -> Path:
+    """A mixture (lmpipe.data.mixture): the FineWeb shards at 0.7 and Tiny Shakespeare's at 0.3
+    (a val shard and one train shard of 400 tokens: about 4 steps of its rows, so it wraps)."""
+    enc = gpt2_encoding(str(TOKENIZER_DIR))
+    text = (REPO / "resources" / "tinyshakespeare_20k.txt").read_text()
+    tokens = np.array([50256, *enc.encode_ordinary(text)], dtype=np.uint16)
+    out = tmp_path_factory.mktemp("mixture")
+    (out / "books").mkdir()
+    shards = []
+    for i, (split, part) in enumerate([("val", tokens[:1024]), ("train", tokens[1024:1424])]):
+        write_shard(out / "books" / f"{split}_{i}.bin", part)
+        shards.append({"file": f"{split}_{i}.bin", "split": split, "tokens": len(part)})
+    (out / "books" / "manifest.json").write_text(json.dumps({"dataset": "books", "shards": shards}))
+    mix = out / "mix" / "manifest.json"
+    mix.parent.mkdir()
+    write_mixture(mix, "mix", {"embedded": 0.7, "books": 0.3},
+                  {"embedded": manifest, "books": out / "books" / "manifest.json"})  # fmt: skip
+    return mix
+
+
+@pytest.mark.slow
+def test_a_mixture_resumes_bit_for_bit_after_sigkill_and_logs_its_sources(
+    mixture_manifest, tmp_path
+):
+    """2 ranks on the mixture, SIGKILLed as checkpoint 4 appears, restarted: the same losses and
+    weights as an uninterrupted run, and each train line's tokens by source at 0.7 / 0.3 of the
+    rows (8 rows a step: 6 and 2, then 5 and 3, ...)."""
+    cfg = config(2, max_steps=12) | {"dataset": "mix"}
+    whole = tmp_path / "whole"
+    log = run(cfg, mixture_manifest, whole).stderr
+    killed = tmp_path / "killed"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    kill_at_checkpoint(command(cfg, mixture_manifest, killed), env, killed, step=4)
+    restart = run(cfg, mixture_manifest, killed)
+    assert "step_000004" in restart.stderr
+    assert losses(killed) == losses(whole)
+    a, b = load_final(killed), load_final(whole)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    lines = [m for m in metrics(whole) if "loss" in m]
+    for m in lines:
+        rows = {k: v // 32 for k, v in m["tokens_by_source"].items()}
+        assert sum(rows.values()) == 8 * m["step"]
+        assert abs(rows["embedded"] - 0.7 * 8 * m["step"]) <= 1, m
+    assert [m["tokens_by_source"] for m in metrics(killed) if "loss" in m] == [
+        m["tokens_by_source"] for m in lines
+    ]
+    # the books' 400 train tokens wrap: each new epoch logged, and counted in the metrics
+    assert "source books: epoch 3 begins" in log
+    assert lines[-1]["epochs_by_source"]["books"] == pytest.approx(
+        lines[-1]["tokens_by_source"]["books"] / 400
+    )
 
 
 @pytest.mark.slow
