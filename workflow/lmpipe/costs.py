@@ -208,6 +208,26 @@ def train_tokens(config: dict[str, Any], dataset: str) -> float:
     return dataset_tokens(config, dataset)
 
 
+def max_files(config: dict[str, Any], dataset: str) -> int | None:
+    """The hub parquet files a dataset's download stops at (`max_files`: lmpipe.data.download
+    takes the first N); None where it takes them all (a local file has no such cap)."""
+    d = config["datasets"][dataset]
+    return d.get("max_files") if d.get("source") == "huggingface" else None
+
+
+def download_bytes(config: dict[str, Any], dataset: str) -> tuple[float, str]:
+    """The bytes a dataset's download fetches, and how they are known: with `max_files` N, N of
+    the hub's parquet files (at most: fewer where the dataset has fewer) whatever the runs train
+    on; else the dataset's tokens at the raw bytes a token."""
+    files = max_files(config, dataset)
+    if files:
+        size = stated("io", "hub_file_bytes", "{:.2g} GB", 1e-9)
+        return files * figure("io", "hub_file_bytes"), f"max_files {files} x {size} (a hub file)"
+    tokens = dataset_tokens(config, dataset)
+    per_token = stated("tokenize", "raw_bytes_per_token", "{:g} bytes")
+    return tokens * figure("tokenize", "raw_bytes_per_token"), f"{tokens:.3g} tokens x {per_token}"
+
+
 def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
     """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does)."""
     cpus = [
