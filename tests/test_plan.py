@@ -197,6 +197,21 @@ def test_max_files_drives_the_download_estimate_not_the_runs_tokens(config):
     assert "1e+10 tokens x 2.9 bytes assumed, at 100 MB/s assumed" in whole.basis
 
 
+def test_a_dataset_capped_by_max_files_tokenizes_what_its_files_hold(config):
+    """max_files 1 of sample-10BT: the tokenize job's tokens are one hub file's bytes at the raw
+    bytes a token, not the dataset's 10B; a cap above the dataset leaves its tokens."""
+    one_file = figure("io", "hub_file_bytes") / figure("tokenize", "raw_bytes_per_token")
+    cfg = copy.deepcopy(config)
+    cfg["datasets"]["fineweb10B"]["max_files"] = 1
+    assert costs.dataset_tokens(cfg, "fineweb10B") == pytest.approx(one_file)
+    capped, whole = costs.tokenize_job(cfg, "fineweb10B"), costs.tokenize_job(config, "fineweb10B")
+    assert (
+        capped.basis.startswith(f"{one_file:.3g} tokens") and capped.disk_bytes < whole.disk_bytes
+    )
+    cfg["datasets"]["fineweb10B"]["max_files"] = 1000
+    assert costs.dataset_tokens(cfg, "fineweb10B") == 1e10
+
+
 # ---- each evaluation's cost (lmpipe.registry.Evaluation.cost) -----------------------------------
 
 

@@ -172,9 +172,16 @@ def derived_limit(estimate_s: float, max_runtime: int) -> int:
     return min(max(MIN_LIMIT, minutes), max_runtime)
 
 
-def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
-    """About how many tokens a text dataset holds: `approx_tokens`, a local file's size, or the
-    most tokens a run trains on it."""
+def max_files(config: dict[str, Any], dataset: str) -> int | None:
+    """The hub parquet files a dataset's download stops at (`max_files`: lmpipe.data.download
+    takes the first N); None where it takes them all (a local file has no such cap)."""
+    d = config["datasets"][dataset]
+    return d.get("max_files") if d.get("source") == "huggingface" else None
+
+
+def whole_dataset_tokens(config: dict[str, Any], dataset: str) -> float:
+    """About how many tokens a text dataset holds in all: `approx_tokens`, a local file's size, or
+    the most tokens a run trains on it."""
     d = config["datasets"][dataset]
     if d.get("approx_tokens"):
         return float(d["approx_tokens"])
@@ -186,6 +193,17 @@ def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
         if r["dataset"] == dataset and "max_steps" in r["train"]
     ]
     return float(max(trained, default=0))
+
+
+def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
+    """About how many tokens of a text dataset are tokenized: all of it, but no more than the
+    hub files its `max_files` downloads hold (their assumed bytes at the raw bytes a token)."""
+    tokens = whole_dataset_tokens(config, dataset)
+    files = max_files(config, dataset)
+    if not files:
+        return tokens
+    in_files = files * figure("io", "hub_file_bytes") / figure("tokenize", "raw_bytes_per_token")
+    return min(tokens, in_files) if tokens else in_files
 
 
 def epochs(config: dict[str, Any], dataset: str, tokens: float) -> dict[str, float]:
@@ -206,13 +224,6 @@ def train_tokens(config: dict[str, Any], dataset: str) -> float:
         if counted:
             return float(counted)
     return dataset_tokens(config, dataset)
-
-
-def max_files(config: dict[str, Any], dataset: str) -> int | None:
-    """The hub parquet files a dataset's download stops at (`max_files`: lmpipe.data.download
-    takes the first N); None where it takes them all (a local file has no such cap)."""
-    d = config["datasets"][dataset]
-    return d.get("max_files") if d.get("source") == "huggingface" else None
 
 
 def download_bytes(config: dict[str, Any], dataset: str) -> tuple[float, str]:
