@@ -5,6 +5,11 @@ Baseline (llm.c `dev/data/fineweb.py`): a process pool calling `encode_ordinary`
 Ours: `lmpipe.data.tokenize` (threads over batches, `encode_to_numpy`, streamed).
 Both on the same cores and the same documents; outputs are checked identical.
 
+The serial part: the job's one main thread reads the parquet (documents into Python strings) and
+writes the shards (copied into a shard's buffer, hashed, written), while the pool only encodes. So
+however many cores encode, a job goes no faster than that thread: timed here alone, one thread,
+on the same documents and their tokens (the plan's `tokenize.serial_tokens_per_s`).
+
 Peak memory: the tokenize stage run as its own process (as Snakemake runs it) on the embedded
 sample and on the sample repeated ten times; a streaming tokenizer's peak must not grow with it.
 
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +36,7 @@ import pyarrow.parquet as pq
 
 from lmpipe.config import TokenizeConfig
 from lmpipe.data.shards import read_shard
-from lmpipe.data.tokenize import tokenize
+from lmpipe.data.tokenize import ShardWriter, encode_batch, read_documents, tokenize
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +58,49 @@ def ours(raw_manifest: Path, out: Path, workers: int) -> np.ndarray:
     cfg = TokenizeConfig(dataset="bench", shard_tokens=10**9, val_tokens=10**6)
     m = tokenize(cfg, raw_manifest, TOKENIZER, out, workers)
     return np.concatenate([read_shard(out / s["file"]) for s in m["shards"]])
+
+
+def timed(fn: Callable[..., object], *args: object) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process) of fn(*args). CPU time counts only this
+    process's work, so it moves less than wall time on a machine shared with other jobs."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn(*args)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def read_all(path: Path) -> None:
+    """The main thread's read: every document of `path`, parquet to Python strings."""
+    for _ in read_documents(path, "text"):
+        pass
+
+
+def write_all(batches: list[np.ndarray], out: Path) -> None:
+    """The main thread's write: `batches` of tokens into shards (copied, hashed, written), at the
+    embedded dataset's shard sizes."""
+    out.mkdir(parents=True, exist_ok=True)
+    writer = ShardWriter(
+        out, TokenizeConfig(dataset="bench", shard_tokens=500_000, val_tokens=100_000)
+    )
+    for tokens in batches:
+        writer.write(tokens)
+    writer.flush()
+
+
+def serial_path(path: Path, out: Path, repeats: int) -> dict[str, dict[str, float]]:
+    """Tokens/s of the serial part on one thread, wall and CPU, medians of `repeats`: its read,
+    its write, and both."""
+    batches = [encode_batch(texts, TOKENIZER) for texts in read_documents(path, "text")]
+    n = sum(len(b) for b in batches)
+    reads, writes = [], []
+    for i in range(repeats):  # interleaved, so both see the same machine load
+        reads.append(timed(read_all, path))
+        writes.append(timed(write_all, batches, out / str(i)))
+    rates = {}
+    for clock, k in (("wall", 0), ("cpu", 1)):
+        read = statistics.median(r[k] for r in reads)
+        write = statistics.median(w[k] for w in writes)
+        rates[clock] = {"read": n / read, "write": n / write, "both": n / (read + write)}
+    return rates
 
 
 def make_raw(folder: Path, table: pa.Table, name: str) -> Path:
@@ -101,6 +150,12 @@ def main() -> None:
         print(f"baseline (process pool, encode_ordinary per doc): {base_tps:12,.0f} tokens/s")
         print(f"lmpipe.data.tokenize (threads, batches, numpy):   {ours_tps:12,.0f} tokens/s")
         print(f"ratio: {ours_tps / base_tps:.2f}x")
+
+        rates = serial_path(SAMPLE, tmp / "serial", args.repeats)
+        for clock, r in rates.items():
+            print(f"serial part, one thread, {clock} time (medians of {args.repeats}): read"
+                  f" {r['read']:,.0f}, write {r['write']:,.0f}, both {r['both']:,.0f} tokens/s;"
+                  f" {r['both'] / ours_tps:.1f}x the stage on {args.workers} workers")  # fmt: skip
 
         raw10 = make_raw(tmp / "raw10", pa.concat_tables([table] * 10), "sample10.parquet")
         rss1 = peak_rss_mb(raw, tmp / "m1", args.workers)

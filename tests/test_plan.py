@@ -15,6 +15,7 @@ from lmpipe import costs, plan, schema
 from lmpipe import resources as lmresources
 from lmpipe.dag import DagJob, target_jobs
 from lmpipe.registry import EVALUATIONS, Evaluation, SampleSettings, SuiteSettings
+from lmpipe.throughputs import figure
 
 # OpenAI's GPT-2 124M / 350M with the vocabulary padded to 50304 (llm.c's count), by hand
 PARAMS = {"124m": 124_475_904, "350m": 354_871_296}
@@ -111,14 +112,15 @@ def test_the_rules_ask_for_what_the_plan_derives(tmp_path):
 
 
 def test_a_dataset_too_big_for_one_job_is_tokenized_in_parts(config, tmp_path):
-    """With a 15-minute partition, sample-100BT's tokenizing (~17 min on 64 cores) is split in
-    two part jobs, then the shards are cut from their streams in a third."""
+    """With a 30-minute partition, sample-100BT's tokenizing (~40 min: 1e11 tokens at the ~4e7/s
+    of a job's one thread that reads and writes) is split in two part jobs, then the shards are
+    cut from their streams in a third."""
     short = copy.deepcopy(config)
-    short["cluster"]["max_runtime"] = 15
+    short["cluster"]["max_runtime"] = 30
     assert lmresources.tokenize_parts(config, "fineweb100B") == 1  # the 48-hour default: one job
     assert lmresources.tokenize_parts(short, "fineweb100B") == 2
     workdir = make_workdir(tmp_path / "wf")
-    (workdir / "short.yaml").write_text("cluster: {max_runtime: 15}\n")
+    (workdir / "short.yaml").write_text("cluster: {max_runtime: 30}\n")
     files = [str(workdir / "config" / "config.yaml"), str(workdir / "short.yaml")]
     jobs = jobs_of(short, target_jobs("results/report_350m.html", files, workdir))
     # (Snakemake lists jobs of one level in no fixed order)
@@ -136,6 +138,78 @@ def test_a_dataset_too_big_for_one_job_is_tokenized_in_parts(config, tmp_path):
     shell = snakemake(workdir, target, "-n", "-p", *configs).stdout
     assert "--part 001 --parts 2" in shell
     assert "--from-parts results/data/fineweb100B/token_parts/part_000.bin" in shell
+
+
+def with_node_cpus(config: dict, cpus: int) -> dict:
+    """The config with every GPU run's node at `cpus` CPUs (a tokenize job takes the most)."""
+    out = copy.deepcopy(config)
+    for r in out["runs"].values():
+        if r["launch"]["device"] == "cuda":
+            r["launch"]["cpus_per_task"] = cpus
+    return out
+
+
+def test_tokenizing_is_no_faster_than_its_one_thread_that_reads_and_writes(config, dags):
+    """The pool encodes on every core, but one thread reads the parquet and writes the shards:
+    124M's 10B tokens take at least that thread's time, its measured CPU time a token
+    (tokenize.serial_tokens_per_s) and its bytes at the disk's rate, however many cores the
+    node has: minutes, not the encoding's 94 s on 64 cores."""
+    cpu_s = 1e10 / figure("tokenize", "serial_tokens_per_s")
+    disk_s = (
+        1e10 * (figure("tokenize", "raw_bytes_per_token") + 2) / figure("io", "disk_bytes_per_s")
+    )
+    job = jobs_of(config, dags["124m"])["tokenize fineweb10B"]
+    assert job.cpus == 64 and job.estimate_s > cpu_s + disk_s > 3 * 60
+    assert (
+        costs.tokenize_job(with_node_cpus(config, 1024), "fineweb10B").estimate_s > cpu_s + disk_s
+    )
+    # on few cores the encoding is the slower part, and the estimate grows with fewer
+    four = costs.tokenize_job(with_node_cpus(config, 4), "fineweb10B")
+    assert four.estimate_s > 2 * job.estimate_s and four.basis.split(": ")[1].startswith("BPE")
+
+
+def test_the_tokenize_line_says_which_figures_are_measured_and_which_assumed(config, dags):
+    basis = jobs_of(config, dags["124m"])["tokenize fineweb10B"].basis
+    assert re.search(r"capped by one thread reading and writing [\d.e+]+/s \(its CPU [\d.e+]+/s"
+                     r" measured; 2.9 bytes a token read assumed, 2 written, at 500 MB/s assumed\)",
+                     basis), basis  # fmt: skip
+    assert re.search(r"BPE [\d.e+]+/s on 64 cores \(a core's [\d.e+]+/s measured, efficiency"
+                     r" 0.5 assumed\)", basis), basis  # fmt: skip
+
+
+def test_max_files_drives_the_download_estimate_not_the_runs_tokens(config):
+    """A dataset with max_files N downloads N of the hub's parquet files (lmpipe.data.download):
+    its estimate is N files' bytes at the assumed size of one, twice as long for 2 as for 1,
+    whatever the runs train on; without max_files, the dataset's tokens' raw bytes."""
+    whole = plan.download_job(config, "fineweb10B")
+    assert whole.disk_bytes == pytest.approx(1e10 * figure("tokenize", "raw_bytes_per_token"))
+
+    def capped(files: int, approx_tokens: float = 1e10) -> costs.Job:
+        cfg = copy.deepcopy(config)
+        cfg["datasets"]["fineweb10B"] |= {"max_files": files, "approx_tokens": approx_tokens}
+        return plan.download_job(cfg, "fineweb10B")
+
+    one, two = capped(1), capped(2)
+    assert one.disk_bytes == figure("io", "hub_file_bytes") < whole.disk_bytes / 10
+    assert two.disk_bytes == 2 * one.disk_bytes and two.estimate_s == 2 * one.estimate_s
+    assert capped(1, approx_tokens=1e11).estimate_s == one.estimate_s
+    assert "max_files 1 x 2.1 GB assumed (a hub file), at 100 MB/s assumed" in one.basis
+    assert "1e+10 tokens x 2.9 bytes assumed, at 100 MB/s assumed" in whole.basis
+
+
+def test_a_dataset_capped_by_max_files_tokenizes_what_its_files_hold(config):
+    """max_files 1 of sample-10BT: the tokenize job's tokens are one hub file's bytes at the raw
+    bytes a token, not the dataset's 10B; a cap above the dataset leaves its tokens."""
+    one_file = figure("io", "hub_file_bytes") / figure("tokenize", "raw_bytes_per_token")
+    cfg = copy.deepcopy(config)
+    cfg["datasets"]["fineweb10B"]["max_files"] = 1
+    assert costs.dataset_tokens(cfg, "fineweb10B") == pytest.approx(one_file)
+    capped, whole = costs.tokenize_job(cfg, "fineweb10B"), costs.tokenize_job(config, "fineweb10B")
+    assert (
+        capped.basis.startswith(f"{one_file:.3g} tokens") and capped.disk_bytes < whole.disk_bytes
+    )
+    cfg["datasets"]["fineweb10B"]["max_files"] = 1000
+    assert costs.dataset_tokens(cfg, "fineweb10B") == 1e10
 
 
 # ---- each evaluation's cost (lmpipe.registry.Evaluation.cost) -----------------------------------

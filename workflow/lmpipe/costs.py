@@ -1,13 +1,15 @@
 """What each job of the DAG costs: its time, disk, GPUs and CPUs, estimated before it runs.
 
 A job's time comes from measured throughputs where there are any (resources/throughputs.yaml:
-tokenize tokens/s a core, train MFU on a GPU from gpu_check), otherwise from the run's FLOPs
-(the architecture's own count, lmpipe.registry: llm.c's 6N + 6LCT a token; 2N + 2LCT forward)
-over the GPU's dense bf16 peak (lmpipe.hardware) times an assumed MFU; each estimate says which
-(`Job.basis`). Two readers: lmpipe.resources (what the rules submit: a time limit of twice the
-estimate plus 10 minutes, a GPU of the run's kind) and lmpipe.plan (the plan printed for people).
+tokenize tokens/s a core and on its one serial thread, train MFU on a GPU from gpu_check),
+otherwise from the run's FLOPs (the architecture's own count, lmpipe.registry: llm.c's 6N + 6LCT
+a token; 2N + 2LCT forward) over the GPU's dense bf16 peak (lmpipe.hardware) times an assumed
+MFU; each estimate says which (`Job.basis`). Two readers: lmpipe.resources (what the rules
+submit: a time limit of twice the estimate plus 10 minutes, a GPU of the run's kind) and
+lmpipe.plan (the plan printed for people).
 
-- tokenize: a node's CPUs (the most any GPU run on the dataset asks for) and uses them all;
+- tokenize: a node's CPUs (the most any GPU run on the dataset asks for), all encoding, but no
+  faster than its one thread that reads the parquet and writes the shards;
 - convert and evaluate of a GPU run: one GPU of the run's kind and the CPUs and memory that
   come with it (the run's share a GPU);
 - train: the run's `launch:`; a run longer than its time limit continues in the next job from
@@ -34,7 +36,7 @@ from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module 
 from lmpipe.hardware import GPU_BF16_PEAK, GPU_MEMORY_GB, by_gpu, gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun, code
-from lmpipe.throughputs import basis, figure, throughputs
+from lmpipe.throughputs import basis, figure, stated, throughputs
 
 SLURM_PROFILE = REPO_ROOT / "slurm" / "config.yaml"
 DEFAULT_GPU = "a100"  # llm.c's reference hardware, when a run names no gpu_model
@@ -170,9 +172,16 @@ def derived_limit(estimate_s: float, max_runtime: int) -> int:
     return min(max(MIN_LIMIT, minutes), max_runtime)
 
 
-def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
-    """About how many tokens a text dataset holds: `approx_tokens`, a local file's size, or the
-    most tokens a run trains on it."""
+def max_files(config: dict[str, Any], dataset: str) -> int | None:
+    """The hub parquet files a dataset's download stops at (`max_files`: lmpipe.data.download
+    takes the first N); None where it takes them all (a local file has no such cap)."""
+    d = config["datasets"][dataset]
+    return d.get("max_files") if d.get("source") == "huggingface" else None
+
+
+def whole_dataset_tokens(config: dict[str, Any], dataset: str) -> float:
+    """About how many tokens a text dataset holds in all: `approx_tokens`, a local file's size, or
+    the most tokens a run trains on it."""
     d = config["datasets"][dataset]
     if d.get("approx_tokens"):
         return float(d["approx_tokens"])
@@ -184,6 +193,17 @@ def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
         if r["dataset"] == dataset and "max_steps" in r["train"]
     ]
     return float(max(trained, default=0))
+
+
+def dataset_tokens(config: dict[str, Any], dataset: str) -> float:
+    """About how many tokens of a text dataset are tokenized: all of it, but no more than the
+    hub files its `max_files` downloads hold (their assumed bytes at the raw bytes a token)."""
+    tokens = whole_dataset_tokens(config, dataset)
+    files = max_files(config, dataset)
+    if not files:
+        return tokens
+    in_files = files * figure("io", "hub_file_bytes") / figure("tokenize", "raw_bytes_per_token")
+    return min(tokens, in_files) if tokens else in_files
 
 
 def epochs(config: dict[str, Any], dataset: str, tokens: float) -> dict[str, float]:
@@ -206,6 +226,19 @@ def train_tokens(config: dict[str, Any], dataset: str) -> float:
     return dataset_tokens(config, dataset)
 
 
+def download_bytes(config: dict[str, Any], dataset: str) -> tuple[float, str]:
+    """The bytes a dataset's download fetches, and how they are known: with `max_files` N, N of
+    the hub's parquet files (at most: fewer where the dataset has fewer) whatever the runs train
+    on; else the dataset's tokens at the raw bytes a token."""
+    files = max_files(config, dataset)
+    if files:
+        size = stated("io", "hub_file_bytes", "{:.2g} GB", 1e-9)
+        return files * figure("io", "hub_file_bytes"), f"max_files {files} x {size} (a hub file)"
+    tokens = dataset_tokens(config, dataset)
+    per_token = stated("tokenize", "raw_bytes_per_token", "{:g} bytes")
+    return tokens * figure("tokenize", "raw_bytes_per_token"), f"{tokens:.3g} tokens x {per_token}"
+
+
 def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
     """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does)."""
     cpus = [
@@ -216,11 +249,46 @@ def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
     return max(cpus, default=16)
 
 
-def tokenize_rate(config: dict[str, Any], dataset: str) -> float:
-    """Tokens a second of one tokenize job on a node's cores."""
-    cpus = tokenize_cpus(config, dataset)
+def bpe_rate(cpus: int) -> float:
+    """Tokens a second the pool of encoding threads gives on `cpus` cores: a core's measured rate
+    times the cores at an assumed parallel efficiency."""
     per_core = figure("tokenize", "tokens_per_s_per_core")
     return per_core * max(1.0, cpus * figure("tokenize", "parallel_efficiency"))
+
+
+def serial_rate() -> float:
+    """Tokens a second of a tokenize job's one main thread, which reads the parquet and writes the
+    shards while the pool encodes (lmpipe.data.tokenize): no number of cores makes a job faster.
+    Its measured time a token on the CPU (a warm page cache), plus the raw file's bytes read (an
+    upper bound: only the text column is) and the shard's 2 bytes written at the disk's rate."""
+    cpu_s = 1 / figure("tokenize", "serial_tokens_per_s")
+    io_bytes = figure("tokenize", "raw_bytes_per_token") + 2
+    return 1 / (cpu_s + io_bytes / figure("io", "disk_bytes_per_s"))
+
+
+def tokenize_rate(config: dict[str, Any], dataset: str) -> float:
+    """Tokens a second of one tokenize job: its encoding on a node's cores or its one thread that
+    reads and writes, whichever is slower."""
+    return min(bpe_rate(tokenize_cpus(config, dataset)), serial_rate())
+
+
+def tokenize_rate_basis(config: dict[str, Any], dataset: str) -> str:
+    """How the tokenize rate is known: the slower part first, each figure measured or assumed."""
+    cpus = tokenize_cpus(config, dataset)
+    serial = (
+        f"one thread reading and writing {serial_rate():.3g}/s (its CPU"
+        f" {stated('tokenize', 'serial_tokens_per_s', '{:.3g}/s')};"
+        f" {stated('tokenize', 'raw_bytes_per_token', '{:g} bytes a token read')}, 2 written,"
+        f" at {stated('io', 'disk_bytes_per_s', '{:.0f} MB/s', 1e-6)})"
+    )
+    bpe = (
+        f"BPE {bpe_rate(cpus):.3g}/s on {cpus} cores (a core's"
+        f" {stated('tokenize', 'tokens_per_s_per_core', '{:.3g}/s')},"
+        f" efficiency {stated('tokenize', 'parallel_efficiency', '{:g}')})"
+    )
+    if serial_rate() < bpe_rate(cpus):
+        return f"capped by {serial}; {bpe}"
+    return f"{bpe}; {serial}"
 
 
 def tokenize_parts(config: dict[str, Any], dataset: str) -> int:
@@ -237,8 +305,7 @@ def tokenize_job(config: dict[str, Any], dataset: str, part: str = "") -> Job:
     cpus = tokenize_cpus(config, dataset)
     rate = tokenize_rate(config, dataset)
     max_runtime = config["cluster"]["max_runtime"]
-    how = f"{tokens:.3g} tokens at {rate:.3g}/s ({cpus} cores;"
-    how += f" {basis('tokenize', 'tokens_per_s_per_core')} a core)"
+    how = f"{tokens:.3g} tokens at {rate:.3g}/s: {tokenize_rate_basis(config, dataset)}"
     if parts == 1:
         estimate, rule, name, disk = tokens / rate + 60, "tokenize", dataset, 2 * tokens
     elif part:  # a part: its share of the raw files

@@ -30,18 +30,20 @@ from lmpipe.dag import DagJob, target_jobs
 from lmpipe.hardware import GPU_BF16_PEAK
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import EVALUATIONS
-from lmpipe.throughputs import THROUGHPUTS, figure
+from lmpipe.throughputs import THROUGHPUTS, figure, stated
 
 # ----------------------------------------------------------------------------------------------
 # a job of the DAG, costed by its rule
 
 
 def download_job(config: dict[str, Any], dataset: str) -> Job:
-    """A local rule (where the internet is): the raw bytes of the dataset's tokens."""
-    raw = costs.dataset_tokens(config, dataset) * figure("tokenize", "raw_bytes_per_token")
+    """A local rule (where the internet is): the raw bytes it fetches at the hub's rate."""
+    raw, how = costs.download_bytes(config, dataset)
+    rate = stated("io", "download_bytes_per_s", "{:.0f} MB/s", 1e-6)
+    basis = f"{raw / 1e9:.3g} GB: {how}, at {rate} (local rule: where the internet is)"
     return Job(
         "download", dataset, "", estimate_s=raw / figure("io", "download_bytes_per_s"),
-        disk_bytes=raw, basis=f"{raw / 1e9:.3g} GB (local rule: where the internet is)",
+        disk_bytes=raw, basis=basis,
     )  # fmt: skip
 
 

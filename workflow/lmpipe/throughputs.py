@@ -27,3 +27,9 @@ def figure(section: str, key: str) -> float:
 def basis(section: str, key: str) -> str:
     entry = throughputs()[section][key]
     return "measured" if "measured" in entry else "assumed"
+
+
+def stated(section: str, key: str, fmt: str = "{:.3g}", scale: float = 1.0) -> str:
+    """A figure as the plan prints it (times `scale`, in `fmt`), with how it is known: e.g.
+    "3.31e+06/s measured", so a reader of an estimate sees which figures are only assumed."""
+    return f"{fmt.format(figure(section, key) * scale)} {basis(section, key)}"

@@ -8,7 +8,9 @@ Speed and memory: documents are read a parquet batch (or a block of jsonl lines)
 encoded by a pool of threads (tiktoken's Rust core releases the GIL; `encode_to_numpy` skips the
 Python list that `encode_ordinary` builds). At most a few batches are in flight, so memory does not
 grow with the dataset. Results are consumed in input order, so the shards are byte-identical for any
-number of workers.
+number of workers. The reading and the writing stay on the main thread, which caps a job's speed
+however many workers encode (lmpipe.costs plans with that cap; benchmarks/tokenize_bench.py
+measures it).
 
 Shards are written into a temporary folder that replaces the output folder at the end, so an
 interrupted run never leaves a mix of old and new shards.
