@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: setup demo sweep-demo test test-fast lint bench clean
+.PHONY: setup demo sweep-demo mixture-demo test test-fast lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,6 +25,11 @@ demo: setup
 sweep-demo: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_sweep-embedded.html
 	@echo "report: $$(pwd)/results/report_sweep-embedded.html"
+
+## a run on a mixture of the embedded sample and Shakespeare, beside one on the sample alone
+mixture-demo: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_mixture.html
+	@echo "report: $$(pwd)/results/report_mixture.html"
 
 ## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available), a file a
 ## worker on TEST_WORKERS workers (pytest-xdist), in the order collected (the SLURM tests first,

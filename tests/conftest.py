@@ -182,3 +182,20 @@ def wandb_history(out: Path) -> list[dict]:
                     {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
                 )
     return rows
+
+
+def planned(workdir: Path, config: dict, targets: list[str]) -> set[tuple[str, str]]:
+    """(rule, wildcards) of every job a dry run of `targets` plans under `config`."""
+    import re
+
+    import yaml
+
+    path = workdir / f"changed_{len(list(workdir.glob('changed_*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    # the targets first: --configfile takes every argument after it
+    out = snakemake(workdir, *targets, "-n", "--configfile", str(path)).stdout
+    jobs = set()
+    for rule, details in re.findall(r"^(?:local)?rule (\w+):\n((?:[ \t]+.*\n?)*)", out, re.M):
+        wc = re.search(r"^\s*wildcards: (.*)$", details, re.M)
+        jobs.add((rule, wc.group(1) if wc else ""))
+    return jobs

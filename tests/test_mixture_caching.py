@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import make_workdir, snakemake
-from test_sweep_caching import planned
+from conftest import make_workdir, planned, snakemake
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,12 @@ real run costs the embedded tokenizing and two short trainings.
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import make_workdir, snakemake
+from conftest import make_workdir, planned, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -37,19 +36,6 @@ def sweep_config(workdir: Path) -> dict:
 
 def finals(lrs: list[str]) -> list[str]:
     return [f"results/runs/{SWEEP}/lr={lr}/train/final" for lr in lrs]
-
-
-def planned(workdir: Path, config: dict, targets: list[str]) -> set[tuple[str, str]]:
-    """(rule, wildcards) of every job a dry run of `targets` plans under `config`."""
-    path = workdir / f"changed_{len(list(workdir.glob('changed_*.yaml')))}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    # the targets first: --configfile takes every argument after it
-    out = snakemake(workdir, *targets, "-n", "--configfile", str(path)).stdout
-    jobs = set()
-    for rule, details in re.findall(r"^(?:local)?rule (\w+):\n((?:[ \t]+.*\n?)*)", out, re.M):
-        wc = re.search(r"^\s*wildcards: (.*)$", details, re.M)
-        jobs.add((rule, wc.group(1) if wc else ""))
-    return jobs
 
 
 @pytest.fixture(scope="module")

@@ -398,6 +398,13 @@ def sampling_cost(new_tokens: int, prompt_tokens: int, block_size: int) -> float
     return CHAT_PROMPTS * sum(min(block_size, prompt_tokens + i) for i in range(new_tokens))
 
 
+def val_loss_cost(settings: ValLossSettings, run: EvalRun) -> float:
+    """`settings.tokens` of the val shard; of each source's, for a mixture (a small source's
+    shard is scored whole: this is at most)."""
+    dataset = run.config["datasets"][run.run.dataset]
+    return settings.tokens * len(dataset.get("mixture") or [dataset])
+
+
 def sft_loss_cost(settings: ChatSettings, run: EvalRun) -> float:
     """Held-out conversations: a few hundred rows of the chat data's length at most."""
     return 200 * run.config["datasets"][run.chat_dataset]["seq_len"]
@@ -411,10 +418,11 @@ EVALUATIONS: dict[str, Evaluation] = {
             "lmpipe.eval.val_loss:evaluate",
             "val_loss",
             ValLossSettings,
-            cost=lambda settings, run: settings.tokens,
+            cost=val_loss_cost,
             inputs=("tokens",),
             columns=(Column("val_loss", "FineWeb val loss", "value", "loss"),),
-            description="mean next-token loss on the text dataset's val shard",
+            description="mean next-token loss on the text dataset's val shard (a mixture's:"
+            " on each source's, and their mean by weight)",
         ),
         Evaluation(
             "hellaswag",
