@@ -26,30 +26,37 @@ def config() -> dict:
     return schema.load_config(CONFIG_FILE)
 
 
+# the GPU presets: llm.c's 124M, 350M, 774M and 1558M runs and the 124M run on one GPU
+GPU_REPORTS = ("124m", "350m", "774m", "1558m", "124m-1gpu")
+
+
 @pytest.fixture(scope="module")
 def dags(tmp_path_factory) -> dict[str, list[DagJob]]:
     """Snakemake's own jobs of each GPT-2 report (a dry run in a copy of the workflow)."""
     workdir = make_workdir(tmp_path_factory.mktemp("wf"))
-    return {r: target_jobs(f"results/report_{r}.html", workdir=workdir) for r in ("124m", "350m")}
+    return {r: target_jobs(f"results/report_{r}.html", workdir=workdir) for r in GPU_REPORTS}
 
 
 def jobs_of(config: dict, dag: list[DagJob], gpu: str | None = None) -> dict[str, costs.Job]:
     return {f"{j.rule} {j.name}".strip(): j for j in plan.cost_jobs(config, dag, gpu)}
 
 
-@pytest.mark.parametrize("report", ["124m", "350m"])
+@pytest.mark.parametrize("report", GPU_REPORTS)
 def test_every_job_of_the_gpt2_reports_can_finish(config, dags, report):
     jobs = jobs_of(config, dags[report])
     assert [name for name, j in jobs.items() if j.problems] == []
     assert {"tokenize", "train", "convert", "evaluate", "report"} <= {j.rule for j in jobs.values()}
     train = jobs[f"train {report}"]
-    assert train.gpus == 8 and train.jobs_in_a_row <= costs.retries() + 1
-    assert train.gpu_mem_gb < 80  # an A100 80GB's; the 124M issue's estimate was ~34 GB
+    launch = config["runs"][report]["launch"]
+    gpus = launch["procs_per_node"]
+    assert train.gpus == gpus and train.jobs_in_a_row <= costs.retries() + 1
+    assert train.gpu_mem_gb < 80  # an 80 GB card's; the 124M issue's estimate was ~34 GB
+    share = (1, launch["cpus_per_task"] // gpus, launch["mem_mb"] // gpus)
     for name, job in jobs.items():
         if job.rule in ("convert", "evaluate"):  # a GPU run's: one GPU, its share of the node
-            assert (job.gpus, job.cpus, job.mem_mb) == (1, 8, 60_000), name
+            assert (job.gpus, job.cpus, job.mem_mb) == share, name
         if job.limit_min is not None:
-            assert job.estimate_s < job.limit_min * 60, name
+            assert job.estimate_s < job.limit_min * 60 * job.jobs_in_a_row, name
 
 
 def test_the_train_estimate_is_the_flops_over_the_assumed_rate(config, dags):
@@ -362,3 +369,19 @@ def test_a_train_job_over_its_gpus_memory_is_flagged_with_what_recompute_would_n
     full["runs"]["124m"]["train"]["activation_checkpointing"] = "full"
     schema.validate(full)
     assert not jobs_of(full, dags["124m"], "a100-sxm4-40gb")["train 124m"].problems
+
+
+def test_the_bigger_presets_are_llmcs_runs_and_the_plan_says_what_they_need(config, dags):
+    """774M: 150B tokens (llm.c's 286,102 steps of 524,288), 1.5 epochs of sample-100BT, which on
+    A100s at the assumed MFU needs more 48-hour jobs in a row than the retries allow; 1558M:
+    33.5B tokens of FineWeb-Edu, over a 40 GB card's memory without recompute."""
+    jobs = jobs_of(config, dags["774m"])
+    assert "1.5e+11 tokens" in jobs["train 774m"].basis
+    assert "1.5 epochs of fineweb100B" in jobs["train 774m"].basis
+    (problem,) = jobs_of(config, dags["774m"], "a100")["train 774m"].problems
+    assert re.match(r"needs \d jobs of 2880 min in a row; the slurm profile allows 4", problem)
+    assert "3.36e+10 tokens" in jobs_of(config, dags["1558m"])["train 1558m"].basis
+    (problem,) = jobs_of(config, dags["1558m"], "a100-sxm4-40gb")["train 1558m"].problems
+    assert "set train.activation_checkpointing (selective" in problem
+    rc = lmconfig.run_config(config, "124m-1gpu")
+    assert rc.train.grad_accum_steps(rc.launch.world_size) == 8  # the 8 GPUs' batch on one
