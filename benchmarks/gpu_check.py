@@ -22,15 +22,18 @@ Parts, in the order they run (names as in the JSON):
 - `correctness.convert`: `python -m lmpipe.models` on the final checkpoint; logits on the device
   of the checkpoint's model, of `lmpipe.models.load_hf` of the export (expected bitwise equal) and
   of transformers' GPT2LMHeadModel (fp32, stated tolerance); llm.c's file read back equal.
-- `speed.<preset>_mb<B>`: benchmarks/gpu_train.py, one micro-batch size a process: seq 1024, bf16,
-  compile, fused AdamW, FSDP2 on one rank; tokens/s, MFU, steady-state peak memory, attention
-  kernels. `speed.other_recipe` is skipped: there is no other recipe yet.
-- `real_run`: d12 (124M) trained for 200 steps of 64K tokens on the tokenized sample (several
+- `speed.<preset>_mb<B>`: benchmarks/gpu_train.py, one micro-batch size a process, the trainer's
+  own model (its padded head, loss, FSDP2 on one rank, bf16, compile, fused AdamW): seq 1024;
+  tokens/s, MFU, steady-state peak memory, attention kernels. First the 124m run's micro-batch
+  (64), then the same with the head and loss in chunks (`_chunked`: train.loss_chunk_tokens 8192),
+  and after `real_run`, micro-batch 32 if time is left.
+- `real_run`: d12 (124M) trained for 120 steps of 64K tokens on the tokenized sample (several
   epochs) through the launcher, bf16 + compile; the loss curve (loss_curve.csv, loss_curve.png
   when matplotlib imports) and the tokens/s and MFU the trainer logged.
 
 Each part runs in try/except with a time budget; gpu_check.json is rewritten after each part, so a
-timeout still leaves results. A part whose estimate no longer fits `--deadline` is skipped.
+timeout still leaves results. A part whose estimate no longer fits `--deadline` is skipped. The
+budgets sum to under the default deadline (450 s), the most important parts first.
 Writes to --out: gpu_check.json, gpu_check.log (this script's lines and every subprocess's
 output), loss_curve.csv and loss_curve.png. Imports nothing that the GPU image may lack
 (snakemake, jsonschema, lm_eval, datasets).
@@ -55,6 +58,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +73,7 @@ from lmpipe.registry import AdamWSettings  # noqa: E402
 TOKENIZER = REPO / "resources" / "gpt2"
 SAMPLE = REPO / "resources" / "fineweb_sample.parquet"
 GPU_TRAIN = REPO / "benchmarks" / "gpu_train.py"
+DEFAULT_DEADLINE = 450.0  # seconds: one device call, with time left to rerun it
 H200_PEAK = 989e12  # if the GPU's name is not in lmpipe.hardware (the trainer needs a number)
 PEAK_MAY_BE_NONE = type(None) in typing.get_args(typing.get_type_hints(Placement)["peak_flops"])
 
@@ -111,7 +116,9 @@ class Plan:
     tiny: ModelConfig
     tiny_train: TrainConfig
     kill_at: int  # the checkpoint step the interrupted run is killed at
-    speed: list[tuple[str, int]]  # (gpu_train preset, micro-batch)
+    # (gpu_train preset, micro-batch, train.loss_chunk_tokens: 0 the plain head), in order of
+    # importance: the first size right after the correctness parts, the others after real_run
+    speed: list[tuple[str, int, int]]
     speed_args: list[str]
     real_model: ModelConfig
     real_train: TrainConfig
@@ -148,7 +155,7 @@ def plan_for(smoke: bool) -> Plan:
             tiny=tiny,
             tiny_train=tiny_train,
             kill_at=2,
-            speed=[("tiny", 2), ("tiny", 4)],
+            speed=[("tiny", 2, 0), ("tiny", 2, 64), ("tiny", 4, 0)],
             speed_args=["--seq-len", "128", "--warmup", "2", "--steps", "2"]
             + ["--device", "cpu", "--dtype", "float32", "--no-compile"],
             real_model=tiny,
@@ -173,7 +180,9 @@ def plan_for(smoke: bool) -> Plan:
         tiny=tiny,
         tiny_train=tiny_train,
         kill_at=2,
-        speed=[("d12", 16), ("d12", 32), ("d12", 64), ("d24", 32)],
+        # the 124m run's micro-batch, plain and with the head and loss in chunks of 8K tokens
+        # (never the 64K x 50,304 logits), then a smaller one
+        speed=[("d12", 64, 0), ("d12", 64, 8192), ("d12", 32, 0)],
         speed_args=["--seq-len", "1024", "--warmup", "10", "--steps", "20"]
         + ["--device", "cuda", "--dtype", "bfloat16"],
         real_model=d12,
@@ -182,31 +191,33 @@ def plan_for(smoke: bool) -> Plan:
             micro_batch=16,
             batch_tokens=65536,  # 4 micro-steps
             optimizer=adamw(6e-4, fused=True),
-            max_steps=200,
+            max_steps=120,  # ~8M tokens: ~20 s at the goal's 550K tokens/s, after its compile
             schedule=ScheduleConfig(warmup_steps=20, lr_floor=0.1),
-            val_every=50,
+            val_every=40,
             val_tokens=65536,
             checkpoint_every=0,  # (the last step is saved anyway)
             keep_checkpoints=1,
             dtype="bfloat16",
             compile=True,
         ),
+        # the budgets sum to under the 450 s deadline (tests/test_gpu_check.py), so the check
+        # ends inside it whatever happens; the estimates are what a part is skipped for
         budgets={
-            "env": (20, 100),
-            "data": (10, 60),
-            "correctness.first_step": (35, 120),
-            "correctness.resume": (45, 150),
-            "correctness.convert": (20, 90),
-            "speed.d12_mb16": (75, 150),  # the first compile of d12 (~1 min)
-            "speed": (60, 120),
-            "speed.d24_mb32": (80, 150),  # a new compile: other shapes
-            "real_run": (100, 200),
+            "env": (20, 30),
+            "data": (10, 15),
+            "correctness.first_step": (35, 50),
+            "correctness.resume": (45, 60),
+            "correctness.convert": (20, 25),
+            "speed.d12_mb64": (70, 90),  # the first compile of d12 (~1 min)
+            "speed.d12_mb64_chunked": (50, 50),
+            "real_run": (80, 80),
+            "speed.d12_mb32": (40, 40),  # last: only if time is left
         },
     )
 
 
-def speed_name(preset: str, mb: int) -> str:
-    return f"speed.{preset}_mb{mb}"
+def speed_name(preset: str, mb: int, chunk: int = 0) -> str:
+    return f"speed.{preset}_mb{mb}" + ("_chunked" if chunk else "")
 
 
 # ---- run in subprocesses (`--internal KIND`): CUDA never starts in the main process ------------
@@ -857,10 +868,10 @@ class Check:
             raise PartFailed("; ".join(details["problems"]), details)
         return details
 
-    def part_speed(self, preset: str, mb: int) -> dict:
-        path = self.work / f"speed_{preset}_mb{mb}.json"
+    def part_speed(self, preset: str, mb: int, chunk: int) -> dict:
+        path = self.work / f"{speed_name(preset, mb, chunk)}.json"
         base = [sys.executable, str(GPU_TRAIN), "--preset", preset, "--micro-batches", str(mb)]
-        base += self.plan.speed_args + ["--json", str(path)]
+        base += self.plan.speed_args + ["--loss-chunk-tokens", str(chunk), "--json", str(path)]
         if self.plan.device == "cuda" and not self.state.get("peak_flops"):
             base += ["--peak-flops", str(H200_PEAK)]  # a GPU lmpipe.hardware does not know
         compiled = "--no-compile" not in base and self.compile_ok
@@ -878,7 +889,7 @@ class Check:
             raise PartFailed(f"gpu_train exited {rc} without a result", failure)
         # the compiled run crashed: is it compilation? One eager try, then later parts go eager
         self.compile_ok = False
-        self.report["compile_disabled"] = f"{speed_name(preset, mb)} crashed compiled"
+        self.report["compile_disabled"] = f"{speed_name(preset, mb, chunk)} crashed compiled"
         path.unlink(missing_ok=True)
         rc, output = self.run(
             f"gpu_train {preset} micro-batch {mb}, eager", base + ["--no-compile"]
@@ -989,14 +1000,18 @@ class Check:
         self.part("correctness.first_step", self.part_first_step)
         self.part("correctness.resume", self.part_resume)
         self.part("correctness.convert", self.part_convert)
-        speeds = self.plan.speed
-        first_preset = speeds[0][0]
-        for preset, mb in [s for s in speeds if s[0] == first_preset]:
-            self.part(speed_name(preset, mb), lambda p=preset, b=mb: self.part_speed(p, b))
-        self.part("real_run", self.part_real_run)  # before the other model: it matters more
-        for preset, mb in [s for s in speeds if s[0] != first_preset]:
-            self.part(speed_name(preset, mb), lambda p=preset, b=mb: self.part_speed(p, b))
-        self.part("speed.other_recipe", dict, skip_reason="no other recipe")
+        first = self.plan.speed[0][:2]  # the run's own size: plain, then in chunks
+        for preset, mb, chunk in self.plan.speed:
+            if (preset, mb) == first:
+                self.part(
+                    speed_name(preset, mb, chunk), partial(self.part_speed, preset, mb, chunk)
+                )
+        self.part("real_run", self.part_real_run)  # before the other sizes: it matters more
+        for preset, mb, chunk in self.plan.speed:
+            if (preset, mb) != first:
+                self.part(
+                    speed_name(preset, mb, chunk), partial(self.part_speed, preset, mb, chunk)
+                )
         return self.finish()
 
     def finish(self) -> int:
@@ -1051,7 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--deadline",
         type=float,
-        default=450.0,
+        default=DEFAULT_DEADLINE,
         help="seconds; parts that would pass it are skipped",
     )
     parser.add_argument("--parts", nargs="+", help="only these parts (or prefixes: speed, ...)")

@@ -1,8 +1,10 @@
 """GPT-2 training throughput on one GPU, through the trainer's own code path.
 
-The model, FSDP2 wrapping (a one-rank NCCL group), bf16 mixed precision, per-block
-torch.compile, fused AdamW and clipping are lmpipe's (`lmpipe.train.parallel`,
-`lmpipe.train.optim`), with the trainer's TF32 settings; the tokens are random (data loading is not
+The model is the trainer's own (`lmpipe.train.loop.training_model`: on a GPU the head's GEMM on
+the 50,304 padded rows, the loss as `--loss-chunk-tokens` sets it, activation checkpointing as
+`--recompute` does), with its FSDP2 wrapping (a one-rank NCCL group), bf16 mixed precision,
+per-block torch.compile, fused AdamW and clipping (`lmpipe.train.parallel`, `lmpipe.train.optim`)
+and the trainer's TF32 settings; the tokens are random (data loading is not
 what is measured). For each micro-batch size: `--warmup` steps (compilation), then `--steps` timed
 steps; prints tokens/s, MFU (llm.c's 6N + 6LCT FLOPs a token) against the GPU's dense bf16 peak
 (`lmpipe.hardware`, or `--peak-flops`), and the steady-state peak memory (the counter is reset
@@ -39,12 +41,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
-from lmpipe.config import ModelConfig, named_models  # noqa: E402
+from lmpipe.config import ModelConfig, named_models, train_config  # noqa: E402
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
-from lmpipe.models.gpt2.model import GPT  # noqa: E402
-from lmpipe.registry import AdamWSettings  # noqa: E402
+from lmpipe.train.loop import training_model  # noqa: E402
 from lmpipe.train.optim import build_optimizer, clip_grad_norm  # noqa: E402
-from lmpipe.train.parallel import init_distributed, parallelize  # noqa: E402
+from lmpipe.train.parallel import init_distributed  # noqa: E402
 
 # GPT-2's sizes and the CPU demo's, by their names in config/config.yaml, and a small one
 PRESETS: dict[str, ModelConfig] = named_models() | {
@@ -120,6 +121,8 @@ def measure(
     compile: bool = True,
     peak_flops: float | None = None,
     profile: bool = True,
+    loss_chunk_tokens: int = 0,
+    recompute: str = "none",
 ) -> dict:
     """Time `steps` training steps of `preset` at `micro_batch` x `seq_len` after `warmup` ones.
 
@@ -131,10 +134,19 @@ def measure(
     if cuda:  # as the trainer (lmpipe.train.loop.run)
         torch.set_float32_matmul_precision("high")
         torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(0)
-    model = parallelize(GPT(config), device, dtype, compile)
     fused = cuda  # the fused kernel is the GPU's
-    optimizer = build_optimizer(model, AdamWSettings(name="adamw", lr=6e-4, fused=fused))
+    tc = train_config(
+        {
+            "seq_len": T, "micro_batch": micro_batch, "batch_tokens": micro_batch * T,
+            "max_steps": warmup + steps, "dtype": dtype, "compile": compile,
+            "optimizer": {"name": "adamw", "lr": 6e-4, "fused": fused},
+            "loss_chunk_tokens": loss_chunk_tokens, "activation_checkpointing": recompute,
+        },
+        "gpu_train",
+    )  # fmt: skip
+    # the trainer's own model: its padded head on a GPU, its loss, sharding, compile, recompute
+    model, _ = training_model(config, tc, device)
+    optimizer = build_optimizer(model, tc.optimizer)
     x = torch.randint(0, config.vocab_size, (micro_batch, T), device=device)
     y = torch.randint(0, config.vocab_size, (micro_batch, T), device=device)
 
@@ -180,6 +192,9 @@ def measure(
         "dtype": dtype,
         "compile": compile,
         "fused_adamw": fused,
+        "loss_chunk_tokens": loss_chunk_tokens,
+        "activation_checkpointing": recompute,
+        "padded_head": model.padded_head_matmul,
     }
     if cuda:
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
@@ -202,7 +217,8 @@ def in_subprocess(mb: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "result.json"
         cmd = [sys.executable, __file__, "--micro-batches", str(mb), "--json", str(path)]
-        for key in ("preset", "seq_len", "warmup", "steps", "device", "dtype", "peak_flops"):
+        keys = ("preset", "seq_len", "warmup", "steps", "device", "dtype", "peak_flops")
+        for key in (*keys, "loss_chunk_tokens", "recompute"):
             value = getattr(args, key)
             if value is not None:
                 cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -227,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         "--peak-flops", type=float, help="default: the GPU's dense bf16 peak (lmpipe.hardware)"
     )
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--loss-chunk-tokens", type=int, default=0, help="train.loss_chunk_tokens (0: plain head)"
+    )
+    parser.add_argument(
+        "--recompute", default="none", choices=["none", "selective", "full"],
+        help="train.activation_checkpointing",
+    )  # fmt: skip
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
     parser.add_argument("--json", type=Path, help="write the results here (default: $OUT)")
     args = parser.parse_args(argv)
@@ -245,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.preset, mb, d.device, seq_len=args.seq_len, warmup=args.warmup,
                     steps=args.steps, dtype=args.dtype, compile=not args.no_compile,
                     peak_flops=args.peak_flops, profile=not args.no_profile,
+                    loss_chunk_tokens=args.loss_chunk_tokens, recompute=args.recompute,
                 )  # fmt: skip
                 results = [r | {"device_name": info["device_name"], "device_info": info}]
             except torch.OutOfMemoryError:

@@ -23,9 +23,9 @@ PARTS = [
     "correctness.resume",
     "correctness.convert",
     "speed.tiny_mb2",
-    "speed.tiny_mb4",
+    "speed.tiny_mb2_chunked",
     "real_run",
-    "speed.other_recipe",
+    "speed.tiny_mb4",
 ]
 
 
@@ -47,15 +47,11 @@ def test_gpu_check_smoke_runs_every_part(tmp_path):
     failed = {
         name: (p["status"], p.get("error"), p.get("traceback", "")[-1500:])
         for name, p in parts.items()
-        if p["status"] != "ok" and name != "speed.other_recipe"
+        if p["status"] != "ok"
     }
     assert not failed, f"{failed}\n{proc.stdout[-3000:]}"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert list(parts) == PARTS
-    assert parts["speed.other_recipe"] == parts["speed.other_recipe"] | {
-        "status": "skipped",
-        "reason": "no other recipe",
-    }
     assert report["mode"] == "smoke" and report["finished_utc"]
 
     # the comparisons are exact on one device
@@ -69,12 +65,19 @@ def test_gpu_check_smoke_runs_every_part(tmp_path):
     assert convert["hf_vs_checkpoint_max_abs_diff"] < 1e-4
 
     # one measurement a micro-batch size, each in its own process, with the kernels it ran
-    for name in ("speed.tiny_mb2", "speed.tiny_mb4"):
+    for name in ("speed.tiny_mb2", "speed.tiny_mb2_chunked", "speed.tiny_mb4"):
         r = parts[name]["result"]
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] <= 1
         assert isinstance(r["attention_ops"], list) and r["attention_ops"]
+    # the trainer's own model: the chunked part's loss in chunks, the others' plain
+    assert parts["speed.tiny_mb2_chunked"]["result"]["loss_chunk_tokens"] == 64
+    assert parts["speed.tiny_mb2"]["result"]["loss_chunk_tokens"] == 0
     speed = report["summary"]["speed"]
-    assert [s["part"] for s in speed] == ["speed.tiny_mb2", "speed.tiny_mb4"]
+    assert [s["part"] for s in speed] == [
+        "speed.tiny_mb2",
+        "speed.tiny_mb2_chunked",
+        "speed.tiny_mb4",
+    ]
 
     real = parts["real_run"]["result"]
     assert real["steps_done"] == 10 and real["final_written"]
@@ -114,3 +117,18 @@ def test_deadline_skips_parts_cleanly(tmp_path):
     assert list(parts) == PARTS
     assert all(p["status"] == "skipped" for p in parts.values())
     assert "would exceed --deadline" in parts["env"]["reason"]
+
+
+def test_the_device_plans_budgets_end_inside_the_deadline():
+    """On the device, the parts' budgets (the most each may take) sum to under the default
+    --deadline, so the check ends inside it whatever happens; correctness runs first."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    plan = gpu_check.plan_for(smoke=False)
+    parts = ["env", "data", "correctness.first_step", "correctness.resume", "correctness.convert"]
+    parts += [gpu_check.speed_name(*s) for s in plan.speed] + ["real_run"]
+    assert set(plan.budgets) == set(parts)  # every part has its own budget, no default
+    assert sum(budget for _, budget in plan.budgets.values()) < gpu_check.DEFAULT_DEADLINE
+    assert all(estimate <= budget for estimate, budget in plan.budgets.values())
+    assert plan.speed[0][:2] == ("d12", 64)  # the 124m run's micro-batch first

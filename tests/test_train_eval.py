@@ -276,6 +276,21 @@ def test_in_training_hellaswag_on_two_ranks(manifest, tmp_path):
 
 
 @pytest.mark.slow
+def test_evaluations_never_make_the_compiled_training_graph_dynamic(manifest, tmp_path):
+    """Compiled (the CPU's inductor), HellaSwag at step 0 before the first training step and
+    every 2 after: the evaluations run eager, so the blocks compile for the training shape only
+    and no size becomes a symbol (Dynamo's `dynamic` log names each symbol it creates; a
+    HellaSwag batch reaching the compiled blocks first made the training graph dynamic)."""
+    cfg = with_evals(config(1, compile=True, max_steps=4), hellaswag=hellaswag_settings(2, 6))
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_LOGS="dynamic,recompiles")
+    cmd = command(cfg, manifest, tmp_path) + ["--eval-input", f"hellaswag={HELLASWAG}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [r["step"] for r in hellaswag_rows(tmp_path)] == [0, 2, 4]
+    assert "create_symbol" not in proc.stderr, proc.stderr[-4000:]
+
+
+@pytest.mark.slow
 def test_an_evaluation_without_its_input_stops_before_training(manifest, tmp_path):
     cfg = with_evals(config(1), hellaswag=hellaswag_settings(4, 9))
     proc = run(cfg, manifest, tmp_path / "run", check=False)

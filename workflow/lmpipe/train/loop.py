@@ -38,6 +38,7 @@ import torch.distributed as dist
 from lmpipe import provenance
 from lmpipe.config import (
     ADDED_TRAIN_KEYS,
+    ModelConfig,
     TrainConfig,
     TrainJob,
     WandbConfig,
@@ -167,6 +168,30 @@ def evaluate(
     return total.item() / (len(batches) * dist.get_world_size(group))  # host sync
 
 
+def training_model(
+    config: ModelConfig,
+    tc: TrainConfig,
+    device: torch.device,
+    mesh: Any = None,
+    sparse_targets: bool = False,
+    init: Callable[[torch.nn.Module], str] | None = None,
+) -> tuple[torch.nn.Module, str | None]:
+    """The model as the trainer trains it, and its starting weights' identity (None: random):
+    seeded (every rank the same full weights before sharding), the head and loss as the device
+    and settings want (the padded head's aligned GEMMs on a GPU, as llm.c; the chunked loss),
+    sharded, compiled and recomputed as set. benchmarks/gpu_train.py measures this model."""
+    torch.manual_seed(tc.seed)
+    model = build_model(config)
+    model.head_on_counted_only = sparse_targets
+    model.padded_head_matmul = device.type == "cuda"
+    identity = init(model) if init is not None else None
+    model.loss_fn = loss_function(tc.loss_chunk_tokens, tc.compile)
+    model = parallelize(
+        model, device, tc.dtype, tc.compile, tc.fsdp, mesh, tc.activation_checkpointing
+    )
+    return model, identity
+
+
 def write_provenance(
     job: TrainJob, model: torch.nn.Module, d: Dist, digest: str, peak: float, out: Path
 ) -> None:
@@ -252,20 +277,14 @@ class Trainer:
         self.loader = Prefetcher(task.loader, pin=d.device.type == "cuda")
 
     def build_model(self) -> torch.nn.Module:
-        """The model, sharded: the same seed on every rank gives the same full weights before
-        sharding; a task's starting weights are hashed into the settings."""
-        torch.manual_seed(self.tc.seed)
-        model = build_model(self.job.model)
-        model.head_on_counted_only = self.task.sparse_targets
-        model.padded_head_matmul = self.d.device.type == "cuda"  # aligned GEMMs (llm.c's)
-        if self.task.init is not None:  # e.g. fine-tuning: other bases' checkpoints never resume
-            self.digest = settings_hash([self.digest, self.task.init(model)])
-        tc = self.tc
-        model.loss_fn = loss_function(tc.loss_chunk_tokens, tc.compile)
-        return parallelize(
-            model, self.d.device, tc.dtype, tc.compile, tc.fsdp, self.d.mesh,
-            tc.activation_checkpointing,
+        """The model, sharded; a task's starting weights are hashed into the settings."""
+        model, init = training_model(
+            self.job.model, self.tc, self.d.device, self.d.mesh, self.task.sparse_targets,
+            self.task.init,
         )  # fmt: skip
+        if init is not None:  # e.g. fine-tuning: other bases' checkpoints never resume
+            self.digest = settings_hash([self.digest, init])
+        return model
 
     def start(self, fresh_start: bool, wandb: WandbConfig | None) -> None:
         """Resume from the newest checkpoint of these settings, if any; open the logs."""
@@ -322,7 +341,10 @@ class Trainer:
             if not evaluator.due(p.step, self.tc.max_steps):
                 continue
             t0 = time.time()
-            scores = evaluator(self.model, p.step)
+            # eager: the evaluations' shapes (HellaSwag's, the suite's) must never reach the
+            # compiled blocks, whose training graph would turn dynamic on a second shape
+            with torch.compiler.set_stance("force_eager"):
+                scores = evaluator(self.model, p.step)
             took[evaluator.name] = time.time() - t0
             self.write(scores.fields | {"eval_s": took[evaluator.name]})
             for line in scores.lines:
