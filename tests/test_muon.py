@@ -352,10 +352,14 @@ def test_sharded_newton_schulz_equals_the_whole_matrices(sharded):
 
 @pytest.mark.slow
 def test_each_matrix_is_orthogonalised_on_one_rank(sharded):
-    """Every step, the 8 matrices are orthogonalised once each, whole, spread round robin
-    (3, 3, 2 on ranks 0-2), not repeated on every rank."""
+    """Every step, the 8 matrices are orthogonalised once each, whole, not repeated on every
+    rank, spread by work. Their work an iteration, m^2 (2n + m) with m <= n (C = 20: 400 x):
+    c_fc and c_proj (80 x 20) 180 each, c_attn (60 x 20) 140, attn.c_proj (20 x 20) 60. Largest
+    first, each to the least-loaded rank: the four 180s go 0, 1, 2, 0; the 140s to 1 and 2; the
+    60s to 1 and 2: loads 360, 380, 380 (round robin: 500, 380, 240). In the group's order:"""
     C = SMALL["n_embd"]
     shapes = [[3 * C, C], [C, C], [4 * C, C], [C, 4 * C]] * SMALL["n_layer"]  # the group's order
+    owners = [1, 1, 0, 1, 2, 2, 2, 0]
     per_rank = []
     for rank in range(RANKS):
         calls = json.loads((sharded / f"calls_{rank}.json").read_text())
@@ -366,5 +370,60 @@ def test_each_matrix_is_orthogonalised_on_one_rank(sharded):
         per_rank.append(steps[:-1])
     for step in range(STEPS):
         for rank in range(RANKS):
-            assert per_rank[rank][step] == shapes[rank::RANKS], (step, rank)
+            mine = [shape for shape, owner in zip(shapes, owners, strict=True) if owner == rank]
+            assert per_rank[rank][step] == mine, (step, rank)
         assert sum(len(per_rank[r][step]) for r in range(RANKS)) == len(shapes)
+
+
+def test_the_owners_share_the_work_largest_first():
+    """Greedy largest-first: the most a rank gets is within one matrix of the mean; a function
+    of the shapes alone."""
+    shapes = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # GPT-2 124M's blocks
+    for world in (1, 3, 5, 8):
+        owners = muon_module.owners_by_work(shapes, world)
+        load = [0] * world
+        for shape, r in zip(shapes, owners, strict=True):
+            load[r] += muon_module.newton_schulz_work(shape)
+        biggest = max(muon_module.newton_schulz_work(s) for s in shapes)
+        assert max(load) - sum(load) / world <= biggest, (world, load)
+    assert muon_module.owners_by_work([(4, 4), (8, 8), (2, 2)], 2) == [1, 0, 1]
+
+
+def bf16_gather(rank: int, store: str, out: str) -> None:
+    """2 ranks: one 7 x 5 update sharded by rows, orthogonalised in bfloat16; each rank writes
+    its rows and the dtypes it sent."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    sent = []
+    gather, scatter = dist.gather, dist.scatter
+
+    def record_gather(t, *args, **kw):
+        sent.append(str(t.dtype))
+        return gather(t, *args, **kw)
+
+    def record_scatter(t, parts, *args, **kw):
+        sent.extend(str(p.dtype) for p in parts or [])
+        return scatter(t, parts, *args, **kw)
+
+    dist.gather, dist.scatter = record_gather, record_scatter
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    g = torch.randn(7, 5, generator=torch.Generator().manual_seed(3))
+    u = distribute_tensor(g, mesh, [Shard(0)])
+    (rows,) = muon_module.orthogonalise([u], 5, torch.bfloat16)
+    torch.save({"rows": rows, "sent": sent}, Path(out) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_gathers_and_scatters_carry_bfloat16_and_change_nothing(tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(bf16_gather, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    g = torch.randn(7, 5, generator=torch.Generator().manual_seed(3))
+    whole = muon_module.newton_schulz(g, 5, torch.bfloat16).float()
+    assert torch.equal(torch.cat([r["rows"] for r in ranks]), whole)
+    assert all(r["rows"].dtype == torch.float32 for r in ranks)  # the update's dtype
+    sent = [d for r in ranks for d in r["sent"]]
+    assert sent and set(sent) == {"torch.bfloat16"}, sent

@@ -29,21 +29,22 @@ each rank's rows on their own gives another matrix (rows orthonormal among thems
 whole), so torch.optim.Muon cannot run on the shards. Gathering every matrix on every rank
 (`full_tensor()`) would repeat all the work on each. Instead, each optimizer step:
 
-1. matrix k of the group (the same order on every rank) has an owner, rank k % world_size of
-   the data-parallel group (the mesh dimension that shards the rows, `row_group`; on a mesh of
-   more dimensions the others must replicate the matrices, and each of their ranks repeats the
-   work of its data-parallel group);
-2. every rank sends its rows of update k to the owner (`dist.gather`, each shard padded to
+1. each matrix has an owner, a rank of the data-parallel group (the mesh dimension that shards
+   the rows, `row_group`; on a mesh of more dimensions the others must replicate the matrices,
+   and each of their ranks repeats the work of its data-parallel group), chosen by work: the
+   largest matrices first, each to the rank with the least Newton-Schulz work so far
+   (`owners_by_work`, from the shapes only: the same on every rank);
+2. every rank sends its rows of each update to the owner (`dist.gather`, each shard padded to
    torch.chunk's row count, all matrices in flight at once): the owner holds the whole matrix;
-3. each rank runs Newton-Schulz on the matrices it owns only: 1/world_size of the work;
+3. each rank runs Newton-Schulz on the matrices it owns only: about 1/world_size of the work;
 4. the owner sends each rank its rows of the result (`dist.scatter`), and every rank applies its
    own rows of the update.
 
-Each matrix crosses the network twice, as an all-gather and a reduce-scatter of it would, in the
-update's dtype. Round robin balances the work when a model's matrices come in runs of equal
-shapes (GPT-2's four a block); it ignores their sizes. A plain (unsharded) tensor is its own
-whole matrix and needs no communication. One process under FSDP holds DTensors of one shard and
-takes the same path with world size 1 (the gathers and scatters copy locally).
+Each matrix crosses the network twice, as an all-gather and a reduce-scatter of it would, in
+Newton-Schulz's dtype (`ns_dtype`, bfloat16 by default: half the bytes of the fp32 update; the
+result is the same, since Newton-Schulz starts by casting to it). A plain (unsharded) tensor is
+its own whole matrix and needs no communication. One process under FSDP holds DTensors of one
+shard and takes the same path with world size 1 (the gathers and scatters copy locally).
 """
 
 from __future__ import annotations
@@ -87,6 +88,26 @@ def rows_of(n: int, world_size: int, rank: int) -> tuple[int, int]:
     per = math.ceil(n / world_size)
     start = min(rank * per, n)
     return start, min(start + per, n)
+
+
+def newton_schulz_work(shape: tuple[int, ...]) -> int:
+    """A matrix's Newton-Schulz multiply-adds an iteration, up to a constant: with m <= n its
+    sides, X X^T and P X are m x m x n each, A A is m^3."""
+    m, n = sorted(shape)
+    return m * m * (2 * n + m)
+
+
+def owners_by_work(shapes: list[tuple[int, ...]], world: int) -> list[int]:
+    """Each matrix's owner rank: the largest first, each to the rank with the least work so far
+    (ties: the lower rank), a function of the shapes only, so every rank finds the same. The
+    most any rank gets is within one matrix of the mean (greedy "largest first"), where round
+    robin gave the first ranks the large ones whenever the count is not a multiple of the world."""
+    load, owners = [0] * world, [0] * len(shapes)
+    for k in sorted(range(len(shapes)), key=lambda k: (-newton_schulz_work(shapes[k]), k)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owners[k] = r
+        load[r] += newton_schulz_work(shapes[k])
+    return owners
 
 
 def _padded(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -136,16 +157,19 @@ def orthogonalise(
     if not sharded:
         return out
     group, world, rank = row_group([updates[i] for i in sharded])
-    owners = {i: k % world for k, i in enumerate(sharded)}  # 1. round robin, the same everywhere
+    # 1. the owners, by work: the same on every rank
+    shares = owners_by_work([tuple(updates[i].shape) for i in sharded], world)
+    owners = dict(zip(sharded, shares, strict=True))
 
-    # 2. each owner gathers the shards of its matrices
+    # 2. each owner gathers the shards of its matrices, in Newton-Schulz's dtype (its first op
+    # casts to it: the same result, half the bytes in bfloat16)
     gathered, works = {}, []
     for i in sharded:
         u, owner = updates[i], owners[i]
         local = u.to_local()
         start, end = rows_of(u.shape[0], world, rank)
         assert local.shape[0] == end - start, (local.shape, u.shape, world)
-        send = _padded(local, math.ceil(u.shape[0] / world))
+        send = _padded(local.to(dtype), math.ceil(u.shape[0] / world))
         parts = [torch.empty_like(send) for _ in range(world)] if rank == owner else None
         works.append(dist.gather(send, parts, group=group, group_dst=owner, async_op=True))
         gathered[i] = parts
@@ -158,15 +182,15 @@ def orthogonalise(
         if owners[i] == rank:
             u = updates[i]
             full = torch.cat(gathered[i])[: u.shape[0]]
-            o = newton_schulz(full, steps, dtype).to(u.dtype)
+            o = newton_schulz(full, steps, dtype)
             per = math.ceil(u.shape[0] / world)
             results[i] = list(_padded(o, per * world).split(per))
 
-    # 4. and sends each rank its rows back
+    # 4. and sends each rank its rows back, in that dtype too
     received, works = {}, []
     for i in sharded:
         u = updates[i]
-        mine = torch.empty(math.ceil(u.shape[0] / world), *u.shape[1:], dtype=u.dtype,
+        mine = torch.empty(math.ceil(u.shape[0] / world), *u.shape[1:], dtype=dtype,
                            device=u.to_local().device)  # fmt: skip
         works.append(
             dist.scatter(mine, results.get(i), group=group, group_src=owners[i], async_op=True)
@@ -176,7 +200,7 @@ def orthogonalise(
         w.wait()
     for i in sharded:
         start, end = rows_of(updates[i].shape[0], world, rank)
-        out[i] = received[i][: end - start]
+        out[i] = received[i][: end - start].to(updates[i].dtype)
     return out
 
 
