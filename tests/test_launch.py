@@ -221,3 +221,18 @@ def test_torchrun_gives_the_workers_time_to_save_after_a_sigterm(run, params, gr
     assert f"--shutdown-timeout={grace}" in cmd
     # an option of torchrun (before the worker module), not of the worker
     assert cmd.index(f"--shutdown-timeout={grace}") < cmd.index("-m", 3)
+
+
+def test_each_rank_compiles_with_its_share_of_the_cores(monkeypatch):
+    """8 GPU ranks on a node of 64 cores: 8 Inductor compile workers each, not 64 (and a
+    setting of the user's own is kept)."""
+    config = load_config(REPO / "config" / "config.yaml")
+    job = TrainJob.from_json(train_params(config, "124m"))
+    assert (job.launch.device, job.launch.procs_per_node) == ("cuda", 8)
+    monkeypatch.setattr(launch, "cpu_count", lambda: 64)
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    _, env = launch.build_command(job, ["--out", "x"])
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "8"
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")
+    _, env = launch.build_command(job, ["--out", "x"])
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "2"

@@ -7,6 +7,8 @@
 default, `lmpipe.chat.finetune` for a fine-tuning run; both run lmpipe.train.loop.
 
 - CPU: `torchrun --standalone --nproc-per-node=P` on gloo, OMP_NUM_THREADS = cores / P.
+  On any device, TORCHINDUCTOR_COMPILE_THREADS = cores / P: each rank's compile workers share
+  the node's cores with the other ranks'.
 - one GPU node: `torchrun --standalone --nproc-per-node=G`, one rank a GPU.
 - several nodes under SLURM: one torchrun a node through
   `srun --nodes=N --ntasks=N --ntasks-per-node=1`, c10d rendezvous at the allocation's first node
@@ -131,9 +133,13 @@ def build_command(
     launch, grace_s = job.launch, shutdown_timeout(job)
     env = dict(os.environ)
     nodes = launch.nodes
+    share = str(max(1, cpu_count() // launch.procs_per_node))  # a rank's share of the cores
     if launch.device == "cpu":
         # one intra-op thread pool a rank: share the cores instead of oversubscribing them
-        env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // launch.procs_per_node)))
+        env.setdefault("OMP_NUM_THREADS", share)
+    # Inductor compiles with as many workers as the machine has cores, in every rank: 8 ranks on
+    # 64 cores would start 8 x 64; each gets its share
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", share)
     if nodes == 1:
         return torchrun_command(launch, worker_args, worker, grace_s=grace_s), env
     job_id = os.environ.get("SLURM_JOB_ID")
