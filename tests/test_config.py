@@ -343,3 +343,42 @@ def test_one_gres_builder_for_the_train_rule_and_the_derived_resources():
     assert gpu.gres(gpu.procs_per_node) == "gpu:a100:8" and gpu.gres(1) == "gpu:a100:1"
     assert lmconfig.LaunchConfig(device="cuda").gres(2) == "gpu:2"
     assert lmconfig.LaunchConfig(device="cpu", procs_per_node=2).gres(2) is None
+
+
+def test_muons_momentum_warmup_is_in_a_runs_params_and_hash_only_when_on():
+    """embedded-modern (Muon) trained before the warmup existed: at its default (0) its params
+    and its trajectory's hash are what they were, so it neither reruns nor restarts."""
+    from lmpipe.config import TrainJob
+    from lmpipe.train.loop import Task, trajectory_hash
+
+    config = schema.load_config(CONFIG)
+    off = json.loads(lmconfig.train_params(config, "embedded-modern"))
+    assert off["train"]["optimizer"]["name"] == "muon"
+    assert not {"momentum_warmup_steps", "momentum_start"} & off["train"]["optimizer"].keys()
+    config["runs"]["embedded-modern"]["train"]["optimizer"]["momentum_warmup_steps"] = 300
+    on = json.loads(lmconfig.train_params(config, "embedded-modern"))
+    assert on["train"]["optimizer"]["momentum_warmup_steps"] == 300
+
+    def digest(params: dict) -> str:
+        job = TrainJob.from_json(json.dumps(params))
+        return trajectory_hash(job, Task(job.train, None, [], "data"), 2)
+
+    before = copy.deepcopy(off)
+    for key in ("momentum_warmup_steps", "momentum_start"):  # as the schema fills them in
+        before["train"]["optimizer"][key] = lmconfig.ADDED_OPTIMIZER_KEYS[key]
+    assert digest(before) == digest(off) != digest(on)
+
+
+def test_the_speedrun_presets_optimizer_is_its_records():
+    """modded-nanogpt's record of 2025-01-04 (records/010425_SoftCap/*.txt, its train_gpt.py):
+    `Muon(hidden_matrix_params, lr=0.05, momentum=0.95)` with Nesterov, its momentum
+    `(1 - frac) * 0.85 + frac * 0.95` for `frac = min(step / 300, 1)`; `torch.optim.Adam(...,
+    betas=(0.8, 0.95))` without weight decay, the head at lr 0.008; 1390 steps of 8 x 64 x 1024
+    tokens, the last 40% a linear cooldown, no clipping."""
+    rc = lmconfig.run_config(schema.load_config(CONFIG), "speedrun-124m")
+    o, t = rc.train.optimizer, rc.train
+    assert (o.name, o.lr, o.momentum, o.nesterov) == ("muon", 0.05, 0.95, True)
+    assert (o.momentum_warmup_steps, o.momentum_start) == (300, 0.85)
+    assert (tuple(o.adam_betas), o.adam_weight_decay, o.adam_lr) == ((0.8, 0.95), 0.0, 0.008)
+    assert (t.max_steps, t.batch_tokens, t.grad_clip) == (1390, 8 * 64 * 1024, 0.0)
+    assert t.schedule.cooldown_steps == round(0.4 * 1390) and t.schedule.warmup_steps == 0

@@ -79,6 +79,73 @@ def test_a_muon_step_is_torch_muons_bit_for_bit():
         assert opt.state[a]["momentum_buffer"].shape == a.shape
 
 
+def record_muon_steps(p0: torch.Tensor, grads: list[torch.Tensor], lr: float) -> torch.Tensor:
+    """modded-nanogpt's record of 2025-01-04 (records/010425_SoftCap/*.txt), its Muon and its
+    training loop's momentum warmup, written out here (float32 Newton-Schulz, its `X.norm() +
+    1e-7`): `frac = min(step / 300, 1)`, `momentum = (1 - frac) * 0.85 + frac * 0.95` before each
+    step `step` (0, 1, ...); `buf.lerp_(g, 1 - momentum)`; `g = g.lerp_(buf, momentum)`; the
+    update times `-lr * max(1, rows / cols) ** 0.5`. Here over 4 steps instead of 300."""
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    p, buf = p0.clone(), torch.zeros_like(p0)
+    for step, g in enumerate(grads):
+        frac = min(step / 4, 1)
+        momentum = (1 - frac) * 0.85 + frac * 0.95
+        buf.lerp_(g, 1 - momentum)
+        g = g.clone().lerp_(buf, momentum)
+        x = g.T if g.size(0) > g.size(1) else g
+        x = x / (x.norm() + 1e-7)
+        for _ in range(5):
+            gram = x @ x.T
+            x = a * x + (b * gram + c * gram @ gram) @ x
+        x = x.T if g.size(0) > g.size(1) else x
+        p.add_(x, alpha=-lr * max(1, p.size(0) / p.size(1)) ** 0.5)
+    return p
+
+
+def test_the_momentum_warmup_is_the_records():
+    """momentum_warmup_steps 4 from 0.85 to 0.95: six steps land where the record's loop does
+    (0.85, 0.875, 0.9, 0.925, then 0.95); without the warmup, they do not."""
+    gen = torch.Generator().manual_seed(5)
+    p0 = torch.randn(12, 4, generator=gen)
+    grads = [torch.randn(12, 4, generator=gen) for _ in range(6)]
+    expected = record_muon_steps(p0, grads, lr=0.05)
+    for warmup, equal in ((4, True), (0, False)):
+        s = settings(lr=0.05, ns_dtype="float32", momentum_warmup_steps=warmup)
+        p = torch.nn.Parameter(p0.clone())
+        opt = Muon([{"kind": "muon", "params": [p], "lr": 0.05, "weight_decay": 0.0}], s)
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+        close = torch.allclose(p.detach(), expected, rtol=0, atol=1e-5)
+        assert close == equal, (warmup, (p.detach() - expected).abs().max())
+    assert int(opt.state[p].get("step", -1)) == -1  # no warmup: torch.optim.Muon's state only
+
+
+def test_the_momentum_warmup_resumes_where_it_was():
+    """The step count is in the optimizer's state: a new optimizer loaded from it after 2 steps
+    continues the ramp (its state dict is what the checkpoint keeps)."""
+    gen = torch.Generator().manual_seed(6)
+    p0 = torch.randn(4, 12, generator=gen)
+    grads = [torch.randn(4, 12, generator=gen) for _ in range(5)]
+    s = settings(lr=0.05, ns_dtype="float32", momentum_warmup_steps=4)
+
+    def fresh(weights):
+        p = torch.nn.Parameter(weights.clone())
+        return p, Muon([{"kind": "muon", "params": [p], "lr": 0.05, "weight_decay": 0.0}], s)
+
+    p, opt = fresh(p0)
+    for g in grads[:2]:
+        p.grad = g.clone()
+        opt.step()
+    q, resumed = fresh(p.detach())
+    resumed.load_state_dict(opt.state_dict())
+    for g in grads[2:]:
+        q.grad = g.clone()
+        resumed.step()
+    expected = record_muon_steps(p0, grads, lr=0.05)
+    torch.testing.assert_close(q.detach(), expected, rtol=0, atol=1e-5)
+
+
 def test_the_adamw_groups_step_as_torch_adamw():
     """The non-Muon groups are AdamW: three steps equal torch.optim.AdamW's, decay included."""
     gen = torch.Generator().manual_seed(3)

@@ -636,18 +636,31 @@ ADDED_TRAIN_KEYS = {
     "loss_chunk_tokens": 0,
     "activation_checkpointing": "none",
 }
+# the same for the optimizer's settings (train.optimizer)
+ADDED_OPTIMIZER_KEYS = {"momentum_warmup_steps": 0, "momentum_start": 0.85}
+
+
+def without_added_keys(train: dict[str, Any]) -> dict[str, Any]:
+    """A train section's dict less the keys added since runs were trained while they hold the
+    value that behaves as before (ADDED_TRAIN_KEYS, ADDED_OPTIMIZER_KEYS): what a run's params
+    and its trajectory's hash leave out alike."""
+    added = ADDED_TRAIN_KEYS
+    out = {k: v for k, v in train.items() if not (k in added and added[k] == v)}
+    if isinstance(out.get("optimizer"), dict):
+        added = ADDED_OPTIMIZER_KEYS
+        out["optimizer"] = {
+            k: v for k, v in out["optimizer"].items() if not (k in added and added[k] == v)
+        }
+    return out
 
 
 def train_settings(train: TrainConfig) -> dict[str, Any]:
     """The train section as a dict, less the keys added since a run was trained
-    (ADDED_TRAIN_KEYS, schedule.cooldown_steps) while they have the value that behaves as
-    before: adding a key never reruns a finished run (Snakemake reruns a job whose params
+    (without_added_keys; and schedule.cooldown_steps) while they have the value that behaves
+    as before: adding a key never reruns a finished run (Snakemake reruns a job whose params
     changed); lmpipe.train.loop.trajectory_hash leaves them out alike, so that a half-trained
     run's checkpoints still resume."""
-    settings = dataclasses.asdict(train)
-    for key, before in ADDED_TRAIN_KEYS.items():
-        if settings[key] == before:
-            del settings[key]
+    settings = without_added_keys(dataclasses.asdict(train))
     if not settings["schedule"]["cooldown_steps"]:
         del settings["schedule"]["cooldown_steps"]
     return settings

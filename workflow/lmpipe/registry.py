@@ -185,6 +185,12 @@ class MuonSettings:
         "Muon's peak learning rate, e.g. 0.02 (the schedule scales it)", exclusiveMinimum=0
     )
     momentum: float = setting(0.95, "Muon's momentum", minimum=0, exclusiveMaximum=1)
+    momentum_warmup_steps: int = setting(
+        0, "steps over which the momentum rises linearly from momentum_start (0: none)", minimum=0
+    )
+    momentum_start: float = setting(
+        0.85, "the momentum at step 0 of the warmup", minimum=0, exclusiveMaximum=1
+    )
     nesterov: bool = setting(True, "Nesterov momentum")
     ns_steps: int = setting(5, "Newton-Schulz iterations", minimum=1, maximum=99)
     ns_dtype: str = setting(

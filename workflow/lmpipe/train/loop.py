@@ -37,13 +37,13 @@ import torch.distributed as dist
 
 from lmpipe import provenance
 from lmpipe.config import (
-    ADDED_TRAIN_KEYS,
     ModelConfig,
     TrainConfig,
     TrainJob,
     WandbConfig,
     build,
     settings_hash,
+    without_added_keys,
 )
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
@@ -107,11 +107,8 @@ class StopFlag:
 def trajectory_hash(job: TrainJob, task: Task, world_size: int) -> str:
     """Hash of what shapes the trajectory: model, train settings, data, ranks (not logging)."""
     # a key added since runs were trained counts only away from the value that behaves as before
-    train = {
-        k: v
-        for k, v in dataclasses.asdict(task.train).items()
-        if k not in NOT_TRAJECTORY and not (k in ADDED_TRAIN_KEYS and ADDED_TRAIN_KEYS[k] == v)
-    }
+    settings = without_added_keys(dataclasses.asdict(task.train))
+    train = {k: v for k, v in settings.items() if k not in NOT_TRAJECTORY}
     return settings_hash(
         {
             "model": dataclasses.asdict(job.model),
@@ -341,7 +338,7 @@ class Trainer:
             if not evaluator.due(p.step, self.tc.max_steps):
                 continue
             t0 = time.time()
-            # eager: the evaluations' shapes (HellaSwag's, the suite's) must never reach the
+            # eager: the evaluations' shapes (their own rows and lengths) must never reach the
             # compiled blocks, whose training graph would turn dynamic on a second shape
             with torch.compiler.set_stance("force_eager"):
                 scores = evaluator(self.model, p.step)

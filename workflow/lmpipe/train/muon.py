@@ -211,6 +211,8 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, groups: list[dict[str, Any]], s: MuonSettings) -> None:
         defaults = {
             "momentum": s.momentum,
+            "momentum_warmup_steps": s.momentum_warmup_steps,
+            "momentum_start": s.momentum_start,
             "nesterov": s.nesterov,
             "ns_steps": s.ns_steps,
             "ns_dtype": s.ns_dtype,
@@ -233,11 +235,12 @@ class Muon(torch.optim.Optimizer):
 
     def _muon(self, group: dict[str, Any]) -> None:
         params = [p for p in group["params"] if p.grad is not None]
-        momentum, updates = group["momentum"], []
+        updates = []
         for p in params:
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p.grad)
+            momentum = self._momentum(group, state)
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - momentum)  # elementwise: on the shards
             updates.append(p.grad.lerp(buf, momentum) if group["nesterov"] else buf)
@@ -250,6 +253,19 @@ class Muon(torch.optim.Optimizer):
             # Keller Jordan's scale (torch's adjust_lr_fn "original"): a tall matrix's update
             # has the RMS of a square one's
             local.add_(o, alpha=-lr * math.sqrt(max(1.0, rows / cols)))
+
+    @staticmethod
+    def _momentum(group: dict[str, Any], state: dict[str, Any]) -> float:
+        """The momentum of this step: with a warmup, from momentum_start to momentum over its
+        steps, linearly (modded-nanogpt's records: 0.85 -> 0.95 over 300), counted in the
+        parameter's state (checkpointed with it, so a resumed run continues the ramp)."""
+        warmup = group["momentum_warmup_steps"]
+        if not warmup:  # no step count kept: the state's layout is torch.optim.Muon's
+            return group["momentum"]
+        step = int(state.setdefault("step", torch.tensor(0.0)).item())
+        state["step"] += 1
+        frac = min(step / warmup, 1.0)
+        return (1 - frac) * group["momentum_start"] + frac * group["momentum"]
 
     def _adamw(self, group: dict[str, Any]) -> None:
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
