@@ -500,3 +500,48 @@ def test_lm_eval_lmpipe_model_equals_hf_on_gpt2_and_runs_on_modern(tmp_path, mon
     ours = native.score_task(load_hf(modern_dir), task, ENC, show_progress=False)
     np.testing.assert_allclose(np.array(ours.loglik), ll, rtol=1e-5, atol=1e-3)
     assert [float(a) for a in ours.acc] == acc
+
+
+def record_rotary(x: torch.Tensor) -> torch.Tensor:
+    """modded-nanogpt's record of 2025-01-04 (records/010425_SoftCap/*.txt), its `Rotary`
+    written out: `angular_freq = (1 / 1024) ** torch.linspace(0, 1, steps=dim // 4)`, then
+    `dim // 4` zeros; `theta = t x angular_freq`; `x1, x2 = x.float().chunk(2, dim=-1)`,
+    `y1 = x1 * cos + x2 * sin`, `y2 = x1 * (-sin) + x2 * cos`, concatenated."""
+    T, dim = x.size(-3), x.size(-1)
+    freq = (1 / 1024) ** torch.linspace(0, 1, steps=dim // 4, dtype=torch.float32)
+    freq = torch.cat([freq, freq.new_zeros(dim // 4)])
+    theta = torch.einsum("i,j -> ij", torch.arange(T, dtype=torch.float32), freq)
+    cos, sin = theta.cos()[None, :, None, :], theta.sin()[None, :, None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), 3).type_as(x)
+
+
+def test_half_truncated_rotary_is_the_records():
+    """rope_frequencies: half_truncated rotates queries and keys as the record's Rotary does;
+    the default (all the frequencies, base 10,000) does not, and a model's logits follow it."""
+
+    x = torch.randn(2, 16, 3, 32, generator=torch.Generator().manual_seed(0))
+    ours = apply_rotary(x, *rotary(16, 32, 10000.0, x.device, "half_truncated"))
+    torch.testing.assert_close(ours, record_rotary(x), rtol=0, atol=1e-6)
+    assert not torch.allclose(apply_rotary(x, *rotary(16, 32, 10000.0, x.device)), ours)
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 64, "block_size": 16, "zero_init": False}
+    idx = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(1))
+    logits = []
+    for frequencies in ("all", "half_truncated"):
+        torch.manual_seed(0)
+        model = ModernGPT(modern_config(**shape, rope_frequencies=frequencies))
+        logits.append(model(idx)[0])
+    assert not torch.allclose(*logits)
+
+
+def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
+    """rope_frequencies came after embedded-modern was trained: at its default ("all") the run's
+    params hold no such key, so Snakemake does not rerun it."""
+    config = schema.load_config(CONFIG_FILE)
+    params = json.loads(lmconfig.train_params(config, "embedded-modern"))
+    assert params["model"]["arch"] == "modern" and "rope_frequencies" not in params["model"]
+    config["models"][config["runs"]["embedded-modern"]["model"]]["rope_frequencies"] = (
+        "half_truncated"
+    )
+    params = json.loads(lmconfig.train_params(config, "embedded-modern"))
+    assert params["model"]["rope_frequencies"] == "half_truncated"

@@ -636,8 +636,19 @@ ADDED_TRAIN_KEYS = {
     "loss_chunk_tokens": 0,
     "activation_checkpointing": "none",
 }
-# the same for the optimizer's settings (train.optimizer)
+# the same for the optimizer's settings (train.optimizer) and a model's (models:)
 ADDED_OPTIMIZER_KEYS = {"momentum_warmup_steps": 0, "momentum_start": 0.85}
+ADDED_MODEL_KEYS = {"rope_frequencies": "all"}
+
+
+def model_settings(model: Any) -> dict[str, Any]:
+    """A model's config as a dict, less the keys added since runs were trained while they hold
+    the value that behaves as before (ADDED_MODEL_KEYS): its part of a run's params and of its
+    trajectory's hash."""
+    added = ADDED_MODEL_KEYS
+    return {
+        k: v for k, v in dataclasses.asdict(model).items() if not (k in added and added[k] == v)
+    }
 
 
 def without_added_keys(train: dict[str, Any]) -> dict[str, Any]:
@@ -691,7 +702,7 @@ def train_params(config: dict[str, Any], run: str) -> str:
     job = {
         "run": run,
         "dataset": rc.dataset,
-        "model": dataclasses.asdict(rc.model),
+        "model": model_settings(rc.model),
         "train": train_settings(rc.train),
         # cluster-only resources (memory, time limit, ...) never retrain a run
         "launch": {f.name: getattr(rc.launch, f.name) for f in dataclasses.fields(Placement)},

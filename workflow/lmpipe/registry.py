@@ -92,6 +92,12 @@ class ModernSettings:
 
     rope: bool = setting(True, "rotary position embeddings (false: learned positions, as GPT-2)")
     rope_base: float = setting(10000.0, "rotary base (theta)", exclusiveMinimum=0)
+    rope_frequencies: str = setting(
+        "all",
+        "all: head_dim / 2 frequencies base^(-2i / head_dim); half_truncated: modded-nanogpt's"
+        " (head_dim / 4 from 1 to 1/1024, the other half 0: those dimensions unrotated)",
+        enum=["all", "half_truncated"],
+    )
     norm: str = setting(
         "rmsnorm",
         "rmsnorm (no weights, as modded-nanogpt) or layernorm (learned weight)",

@@ -42,6 +42,7 @@ from lmpipe.config import (
     TrainJob,
     WandbConfig,
     build,
+    model_settings,
     settings_hash,
     without_added_keys,
 )
@@ -111,7 +112,7 @@ def trajectory_hash(job: TrainJob, task: Task, world_size: int) -> str:
     train = {k: v for k, v in settings.items() if k not in NOT_TRAJECTORY}
     return settings_hash(
         {
-            "model": dataclasses.asdict(job.model),
+            "model": model_settings(job.model),
             "train": train,
             "dataset": job.dataset,
             "data": task.data_identity,

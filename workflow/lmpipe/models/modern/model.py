@@ -3,7 +3,8 @@
 Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
 (lmpipe.registry; the defaults are the modern model, so an ablation is a config change):
 
-- rotary position embeddings on queries and keys (`rope`), no learned positions;
+- rotary position embeddings on queries and keys (`rope`), no learned positions; all the
+  frequencies, or modded-nanogpt's half-truncated ones (`rope_frequencies`);
 - RMSNorm without weights (`norm`), as modded-nanogpt's `norm(x) = F.rms_norm(x, (x.size(-1),))`,
   before each block's attention and MLP, after the embedding and at the end;
 - QK-norm (`qk_norm`): queries and keys RMS-normalised per head before the rotary;
@@ -51,12 +52,22 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.n_embd, bias=config.bias)
 
 
-def rotary(T: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """cos and sin of the angles t * base^(-2i/d) of positions t < T, each (T, head_dim / 2),
-    in fp32 (recomputed each forward: no buffers to shard, checkpoint or re-initialise)."""
-    inv_freq = base ** (
-        -torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
-    )
+def rotary(
+    T: int, head_dim: int, base: float, device: torch.device, frequencies: str = "all"
+) -> tuple[torch.Tensor, ...]:
+    """cos and sin of the angles t * f_i of positions t < T, each (T, head_dim / 2), in fp32
+    (recomputed each forward: no buffers to shard, checkpoint or re-initialise). The
+    frequencies f_i: base^(-2i/d) ("all"), or modded-nanogpt's half-truncated ones (its
+    2025-01 records' `Rotary`): head_dim / 4 of them from 1 down to 1/1024, geometrically, then
+    head_dim / 4 zeros (those pairs are not rotated)."""
+    if frequencies == "half_truncated":
+        quarter = head_dim // 4
+        inv_freq = (1 / 1024) ** torch.linspace(0, 1, quarter, dtype=torch.float32, device=device)
+        inv_freq = torch.cat([inv_freq, inv_freq.new_zeros(head_dim // 2 - quarter)])
+    else:
+        inv_freq = base ** (
+            -torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+        )
     angles = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -238,7 +249,7 @@ class ModernGPT(nn.Module):
         rope = None
         if c.rope:
             n = T if positions is None else int(positions.max()) + 1
-            rope = rotary(n, c.n_embd // c.n_head, c.rope_base, idx.device)
+            rope = rotary(n, c.n_embd // c.n_head, c.rope_base, idx.device, c.rope_frequencies)
             if positions is not None:
                 rope = tuple(t[positions] for t in rope)  # (B, T, hs/2) each
         for block in self.transformer.h:
