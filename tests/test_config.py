@@ -382,3 +382,8 @@ def test_the_speedrun_presets_optimizer_is_its_records():
     assert (tuple(o.adam_betas), o.adam_weight_decay, o.adam_lr) == ((0.8, 0.95), 0.0, 0.008)
     assert (t.max_steps, t.batch_tokens, t.grad_clip) == (1390, 8 * 64 * 1024, 0.0)
     assert t.schedule.cooldown_steps == round(0.4 * 1390) and t.schedule.warmup_steps == 0
+    # its GPT(num_layers=12, num_heads=6, model_dim=768): half-truncated rotary, no attention
+    # in blocks.7
+    m = rc.model
+    assert (m.n_layer, m.n_head, m.n_embd) == (12, 6, 768)
+    assert (m.rope_frequencies, tuple(m.no_attention)) == ("half_truncated", (7,))

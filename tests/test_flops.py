@@ -14,13 +14,14 @@ from lmpipe.registry import ARCHITECTURES
 
 def counted_flops_per_token(model: torch.nn.Module, seq_len: int) -> int:
     """llm.c's 6N + 6LCT with N counted from the module: every parameter once (a tied weight
-    is one), less an untied token embedding, which is a lookup and takes no matmul."""
+    is one), less an untied token embedding, which is a lookup and takes no matmul; L the
+    blocks that hold attention."""
     n = sum(p.numel() for p in model.parameters())
     wte = model.transformer.wte.weight
     if model.lm_head.weight is not wte:
         n -= wte.numel()
-    c = model.config
-    return 6 * n + 6 * c.n_layer * c.n_embd * seq_len
+    layers = sum(1 for block in model.transformer.h if block.attn is not None)
+    return 6 * n + 6 * layers * model.config.n_embd * seq_len
 
 
 @pytest.mark.parametrize("name", ["tiny", "d12", "tiny-modern", "d12-modern"])

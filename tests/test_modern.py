@@ -545,3 +545,34 @@ def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
     )
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert params["model"]["rope_frequencies"] == "half_truncated"
+
+
+def test_a_block_without_attention_is_the_records():
+    """no_attention [1]: block 1 holds no attention and computes the record's
+    `Block.forward` with `self.attn is None`: x + mlp(norm(x)), norm(x) = rms_norm over C and
+    mlp = c_proj(relu(c_fc(x))^2), written out here on the block's own weights; the parameter
+    count (registry), Muon's matrices and the FLOPs' attention term drop by one block's
+    attention (4C^2; 2 matrices; 6 C T)."""
+    from lmpipe.registry import ARCHITECTURES
+
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "zero_init": False}
+    torch.manual_seed(0)
+    model = ModernGPT(modern_config(**shape, no_attention=[1]))
+    block = model.transformer.h[1]
+    assert block.attn is None and block.ln_1 is None
+    assert model.transformer.h[0].attn is not None
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(2))
+    fc, proj = block.mlp.c_fc.weight, block.mlp.c_proj.weight
+    expected = x + F.linear(F.relu(F.linear(F.rms_norm(x, (32,)), fc)).square(), proj)
+    torch.testing.assert_close(block(x, None), expected, rtol=0, atol=1e-6)
+
+    arch, c = ARCHITECTURES["modern"], model.config
+    full = modern_config(**shape)
+    assert model.num_params() == arch.num_params(c) == arch.num_params(full) - 4 * 32 * 32
+    assert arch.hidden_matrices(c) == arch.hidden_matrices(full) - 2 == 6
+    assert (
+        arch.flops_per_token(full, 16) - arch.flops_per_token(c, 16)
+        == 6 * 4 * 32 * 32 + 6 * 32 * 16
+    )
+    with pytest.raises(ValueError, match=r"no_attention \[2\]: a block index is not one of 0\.\.1"):
+        ModernGPT(modern_config(**shape, no_attention=[2]))

@@ -638,17 +638,19 @@ ADDED_TRAIN_KEYS = {
 }
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
 ADDED_OPTIMIZER_KEYS = {"momentum_warmup_steps": 0, "momentum_start": 0.85}
-ADDED_MODEL_KEYS = {"rope_frequencies": "all"}
+ADDED_MODEL_KEYS: dict[str, Any] = {"rope_frequencies": "all", "no_attention": ()}
 
 
 def model_settings(model: Any) -> dict[str, Any]:
     """A model's config as a dict, less the keys added since runs were trained while they hold
     the value that behaves as before (ADDED_MODEL_KEYS): its part of a run's params and of its
     trajectory's hash."""
-    added = ADDED_MODEL_KEYS
-    return {
-        k: v for k, v in dataclasses.asdict(model).items() if not (k in added and added[k] == v)
-    }
+
+    def as_before(key: str, value: Any) -> bool:
+        before = ADDED_MODEL_KEYS.get(key, object())
+        return value == before or (isinstance(value, list | tuple) and tuple(value) == before)
+
+    return {k: v for k, v in dataclasses.asdict(model).items() if not as_before(k, v)}
 
 
 def without_added_keys(train: dict[str, Any]) -> dict[str, Any]:

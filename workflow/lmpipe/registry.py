@@ -58,11 +58,12 @@ class Architecture:
     flops_params: Callable[[Any], int] | None = None
 
     def flops_per_token(self, m: Any, seq_len: int) -> int:
-        """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward): the
+        """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward; L the
+        blocks with attention): the
         one count of the plan, the MFU, the train priorities and the sweep ladder's compute
         (the models' own flops_per_token call it; tests/test_flops.py checks it)."""
         n = (self.flops_params or self.num_params)(m)
-        return 6 * n + 6 * m.n_layer * m.n_embd * seq_len
+        return 6 * n + 6 * attention_layers(m) * m.n_embd * seq_len
 
     def head_flops_per_token(self, m: Any) -> int:
         """The LM head's share of flops_per_token, 6 * V * C (V padded, as the head computes
@@ -111,20 +112,29 @@ class ModernSettings:
         15.0, "logits = cap * tanh(logits / cap) (null: off)", exclusiveMinimum=0
     )
     bias: bool = setting(False, "biases in the Linear layers (and LayerNorms)")
+    no_attention: tuple[int, ...] = setting(
+        (), "blocks without attention, by index (modded-nanogpt's 2025-01 records: [7])"
+    )
+
+
+def attention_layers(m: Any) -> int:
+    """The blocks with attention: all of a GPT-2's, a modern model's less its `no_attention`."""
+    return m.n_layer - len(set(getattr(m, "no_attention", ())))
 
 
 def modern_params(m: Any) -> int:
     """The modern model's parameters: token embedding (padded vocab), learned positions without
-    rope, L blocks of 12C^2 (attention and ReLU^2/GELU MLP weights) + with `bias` the Linear
-    biases (9C: 3C + C + 4C + C) + the two norms (layernorm: C each, 2C with `bias`), the
-    embedding's and the final norm, and the LM head unless tied. RMSNorm and QK-norm have no
-    weights."""
+    rope, L blocks of an MLP (8C^2, with `bias` 5C) and, but in `no_attention`, attention
+    (4C^2, with `bias` 4C), each with its norm (layernorm: C, 2C with `bias`), the embedding's
+    and the final norm, and the LM head unless tied. RMSNorm and QK-norm have no weights."""
     C, V = m.n_embd, m.padded_vocab_size
     norm = 0 if m.norm == "rmsnorm" else C * (2 if m.bias else 1)  # a norm's parameters
-    block = 12 * C * C + (9 * C if m.bias else 0) + 2 * norm
+    mlp = 8 * C * C + (5 * C if m.bias else 0) + norm  # c_fc, c_proj, their norm
+    attention = 4 * C * C + (4 * C if m.bias else 0) + norm  # c_attn, c_proj, their norm
     head = 0 if m.tie_embeddings else V * C
     positions = 0 if m.rope else m.block_size * C
-    return V * C + positions + m.n_layer * block + 2 * norm + head
+    blocks = m.n_layer * mlp + attention_layers(m) * attention
+    return V * C + positions + blocks + 2 * norm + head
 
 
 def modern_flops_params(m: Any) -> int:
@@ -152,7 +162,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             modern_params,
             exports=("hf",),  # a native folder (no Hugging Face class computes these logits)
             settings=ModernSettings,
-            hidden_matrices=lambda m: 4 * m.n_layer,  # as GPT-2's: the norms have no weights
+            # as GPT-2's (the norms have no weights), but blocks without attention have 2
+            hidden_matrices=lambda m: 2 * m.n_layer + 2 * attention_layers(m),
             flops_params=modern_flops_params,
         ),
     )

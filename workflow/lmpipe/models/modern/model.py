@@ -14,7 +14,8 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   as modded-nanogpt does ("zero init suggested by @Grad62304977");
 - tanh soft-capping of the logits (`logit_softcap`): cap * tanh(logits / cap), from Gemma 2;
   modded-nanogpt's records used 30 * tanh(logits / 30) first, 15 * tanh(logits / 15) later;
-- no biases (`bias`).
+- no biases (`bias`);
+- optionally blocks without attention (`no_attention`: the record's layer 7).
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
@@ -130,10 +131,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, attention: bool = True):
         super().__init__()
-        self.ln_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config)
+        # a block without attention (no_attention) is its MLP alone, as the record's layer 7
+        self.ln_1 = make_norm(config) if attention else None
+        self.attn = CausalSelfAttention(config) if attention else None
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
@@ -143,7 +145,8 @@ class Block(nn.Module):
         rope: tuple[torch.Tensor, ...] | None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), rope, mask)
+        if self.attn is not None:
+            x = x + self.attn(self.ln_1(x), rope, mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -153,6 +156,11 @@ class ModernGPT(nn.Module):
         super().__init__()
         if config.arch != "modern":
             raise ValueError(f"the modern model needs model.arch modern, not {config.arch!r}")
+        if any(not 0 <= i < config.n_layer for i in config.no_attention):
+            raise ValueError(
+                f"no_attention {list(config.no_attention)}: a block index is not one of"
+                f" 0..{config.n_layer - 1}"
+            )
         if config.rope and (config.n_embd // config.n_head) % 2:
             raise ValueError(
                 f"rotary needs an even head size, not {config.n_embd // config.n_head}"
@@ -163,7 +171,9 @@ class ModernGPT(nn.Module):
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         modules |= dict(
             ln_e=make_norm(config),  # modded-nanogpt normalises the embedding too
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList(
+                [Block(config, i not in config.no_attention) for i in range(config.n_layer)]
+            ),
             ln_f=make_norm(config),
         )
         self.transformer = nn.ModuleDict(modules)
