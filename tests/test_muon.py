@@ -494,3 +494,22 @@ def test_the_gathers_and_scatters_carry_bfloat16_and_change_nothing(tmp_path):
     assert all(r["rows"].dtype == torch.float32 for r in ranks)  # the update's dtype
     sent = [d for r in ranks for d in r["sent"]]
     assert sent and set(sent) == {"torch.bfloat16"}, sent
+
+
+def test_the_token_embedding_at_its_own_lr_and_init_as_the_records():
+    """The record (records/010425_SoftCap/*.txt): `torch.optim.Adam([dict(params=embed_params,
+    lr=0.6), dict(params=head_params, lr=0.008), ...])`, its embedding an `nn.Embedding`
+    (initialised N(0, 1)). embed_lr 0.6 and embed_init_std 1.0 give the token embedding a group
+    of its own at 0.6, the untied head 0.008; without embed_lr one group holds both."""
+    from lmpipe.models.modern.model import modern_config
+
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16}
+    torch.manual_seed(0)
+    model = build_model(modern_config(**shape, embed_init_std=1.0))
+    wte, head = model.transformer.wte.weight, model.lm_head.weight
+    assert wte.std().item() == pytest.approx(1.0, abs=0.01)  # 1.6M draws
+    groups = muon_module.muon_groups(model, settings(lr=0.05, adam_lr=0.008, embed_lr=0.6))
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
+    assert (lr_of[id(wte)], lr_of[id(head)]) == (0.6, 0.008)
+    plain = muon_module.muon_groups(model, settings(lr=0.05, adam_lr=0.008))
+    assert any(id(wte) in map(id, g["params"]) and id(head) in map(id, g["params"]) for g in plain)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpipe.eval.suite import tasks as suite_tasks  # a definition module: torch-free, no lmpipe
-from lmpipe.settings import required, setting
+from lmpipe.settings import optional, required, setting
 from lmpipe.throughputs import figure
 
 # ----------------------------------------------------------------------------------------------
@@ -115,6 +115,10 @@ class ModernSettings:
     no_attention: tuple[int, ...] = setting(
         (), "blocks without attention, by index (modded-nanogpt's 2025-01 records: [7])"
     )
+    embed_init_std: float = setting(
+        0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
+        exclusiveMinimum=0,
+    )  # fmt: skip
 
 
 def attention_layers(m: Any) -> int:
@@ -220,6 +224,10 @@ class MuonSettings:
     )  # fmt: skip
     adam_weight_decay: float = setting(
         0.0, "AdamW's weight decay, on its 2-D weights only (embeddings, head)", minimum=0
+    )
+    embed_lr: float | None = optional(
+        "peak learning rate of the token embedding (modded-nanogpt: 0.6); null: adam_lr",
+        exclusiveMinimum=0,
     )
     adam_betas: tuple[float, float] = setting((0.9, 0.95), "AdamW's (beta1, beta2)")
     adam_eps: float = setting(1.0e-8, "AdamW's epsilon", exclusiveMinimum=0)

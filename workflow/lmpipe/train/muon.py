@@ -15,7 +15,8 @@ peak `lr` (the loop scales every group by the schedule, lmpipe.train.optim.lr_at
 - `muon`: the 2-D parameters of `model.blocks()` (attention's and the MLP's weight matrices):
   `lr`, `weight_decay`;
 - `adamw`, decayed: the other 2-D parameters (token and position embeddings, the LM head, tied to
-  the token embedding in GPT-2): `adam_lr`, `adam_weight_decay`;
+  the token embedding in GPT-2): `adam_lr`, `adam_weight_decay`; with `embed_lr`, the token
+  embedding in a group of its own at that lr (modded-nanogpt's 0.6 against the head's 0.008);
 - `adamw`, not decayed: gains and biases (1-D): `adam_lr`.
 
 One torch.optim.Optimizer with per-parameter state (`momentum_buffer`; AdamW's `step`,
@@ -299,11 +300,15 @@ def muon_groups(model: torch.nn.Module, s: MuonSettings) -> list[dict[str, Any]]
             " and this model has none (use adamw)"
         )
     params = list(model.parameters())  # a tied weight appears once
+    # with embed_lr, the token embedding apart (tied, it is the head too)
+    embed = {id(model.transformer.wte.weight)} if s.embed_lr is not None else set()
+    others = [p for p in params if id(p) not in hidden | embed and p.dim() >= 2]
     groups = [
         {"kind": "muon", "params": [p for p in params if id(p) in hidden],
          "lr": s.lr, "weight_decay": s.weight_decay},
-        {"kind": "adamw", "params": [p for p in params if id(p) not in hidden and p.dim() >= 2],
-         "lr": s.adam_lr, "weight_decay": s.adam_weight_decay},
+        {"kind": "adamw", "params": [p for p in params if id(p) in embed],
+         "lr": s.embed_lr, "weight_decay": s.adam_weight_decay},
+        {"kind": "adamw", "params": others, "lr": s.adam_lr, "weight_decay": s.adam_weight_decay},
         {"kind": "adamw", "params": [p for p in params if p.dim() < 2],
          "lr": s.adam_lr, "weight_decay": 0.0},
     ]  # fmt: skip

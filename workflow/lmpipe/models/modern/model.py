@@ -212,6 +212,8 @@ class ModernGPT(nn.Module):
                     nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+            elif module is self.transformer.wte:  # modded-nanogpt: nn.Embedding's N(0, 1)
+                nn.init.normal_(module.weight, mean=0.0, std=c.embed_init_std)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             elif isinstance(module, nn.LayerNorm):
