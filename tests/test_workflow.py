@@ -72,8 +72,8 @@ def test_invalid_config_stops_before_any_job(tmp_path):
     workdir = make_workdir(tmp_path / "wf")  # its own copy: no other test's results/
     bad = tmp_path / "bad.yaml"
     text = (workdir / "config" / "config.yaml").read_text()
-    assert text.count("max_steps: 19073") == 1
-    bad.write_text(text.replace("max_steps: 19073", "max_step: 19073"))
+    assert text.index("max_steps: 19073") > text.index("  124m:")  # the 124m run's, first
+    bad.write_text(text.replace("max_steps: 19073", "max_step: 19073", 1))
     target = "results/data/embedded/raw/manifest.json"
     proc = snakemake(workdir, target, "--cores", "1", "--configfile", str(bad), check=False,
                      timeout=120)  # fmt: skip
