@@ -643,29 +643,31 @@ ADDED_MODEL_KEYS: dict[str, Any] = {
 }  # fmt: skip
 
 
+def _as_before(settings: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
+    """`settings` less the keys of `added` that hold the value they behave as before with (a
+    list or tuple compared as a tuple: JSON gives lists, the dataclasses tuples)."""
+
+    def before(key: str, value: Any) -> bool:
+        old = added.get(key, object())
+        return value == old or (isinstance(value, list | tuple) and tuple(value) == old)
+
+    return {k: v for k, v in settings.items() if not before(k, v)}
+
+
 def model_settings(model: Any) -> dict[str, Any]:
     """A model's config as a dict, less the keys added since runs were trained while they hold
     the value that behaves as before (ADDED_MODEL_KEYS): its part of a run's params and of its
     trajectory's hash."""
-
-    def as_before(key: str, value: Any) -> bool:
-        before = ADDED_MODEL_KEYS.get(key, object())
-        return value == before or (isinstance(value, list | tuple) and tuple(value) == before)
-
-    return {k: v for k, v in dataclasses.asdict(model).items() if not as_before(k, v)}
+    return _as_before(dataclasses.asdict(model), ADDED_MODEL_KEYS)
 
 
 def without_added_keys(train: dict[str, Any]) -> dict[str, Any]:
     """A train section's dict less the keys added since runs were trained while they hold the
     value that behaves as before (ADDED_TRAIN_KEYS, ADDED_OPTIMIZER_KEYS): what a run's params
     and its trajectory's hash leave out alike."""
-    added = ADDED_TRAIN_KEYS
-    out = {k: v for k, v in train.items() if not (k in added and added[k] == v)}
+    out = _as_before(train, ADDED_TRAIN_KEYS)
     if isinstance(out.get("optimizer"), dict):
-        added = ADDED_OPTIMIZER_KEYS
-        out["optimizer"] = {
-            k: v for k, v in out["optimizer"].items() if not (k in added and added[k] == v)
-        }
+        out["optimizer"] = _as_before(out["optimizer"], ADDED_OPTIMIZER_KEYS)
     return out
 
 

@@ -59,9 +59,9 @@ class Architecture:
 
     def flops_per_token(self, m: Any, seq_len: int) -> int:
         """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward; L the
-        blocks with attention): the
-        one count of the plan, the MFU, the train priorities and the sweep ladder's compute
-        (the models' own flops_per_token call it; tests/test_flops.py checks it)."""
+        blocks with attention): the one count of the plan, the MFU, the train priorities and the
+        sweep ladder's compute (the models' own flops_per_token call it; tests/test_flops.py
+        checks it)."""
         n = (self.flops_params or self.num_params)(m)
         return 6 * n + 6 * attention_layers(m) * m.n_embd * seq_len
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from lmpipe.data.loader import Batch, DataShare, share_of, val_batches
 from lmpipe.data.mixture import Mixture, draw_rows
-from lmpipe.data.shards import read_shard
+from lmpipe.data.shards import read_header, read_shard
 
 log = logging.getLogger("lmpipe.mixture")
 
@@ -76,7 +76,7 @@ class MixtureLoader:
         self.weights = [s.weight for s in mixture.sources]
         self.streams = [SourceStream(s.name, s.tokens.files("train")) for s in mixture.sources]
         self.train_tokens = [
-            sum(len(read_shard(f)) for f in s.tokens.files("train")) for s in mixture.sources
+            sum(read_header(f) for f in s.tokens.files("train")) for s in mixture.sources
         ]
         self.taken = [0] * len(self.streams)  # rows each source has given, over the run
         self.micro = 0
@@ -111,15 +111,14 @@ class MixtureLoader:
         return {
             "taken": dict(zip(self.names, self.taken, strict=True)),
             "streams": {n: s.state_dict() for n, s in zip(self.names, self.streams, strict=True)},
-            "tokens_by_source": self.tokens_by_source(),
+            "tokens_by_source": {
+                n: t * self.T for n, t in zip(self.names, self.taken, strict=True)
+            },
             "epochs_by_source": {
                 n: t * self.T / total
                 for n, t, total in zip(self.names, self.taken, self.train_tokens, strict=True)
             },
         }
-
-    def tokens_by_source(self) -> dict[str, int]:
-        return {n: t * self.T for n, t in zip(self.names, self.taken, strict=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.taken = [state["taken"][n] for n in self.names]

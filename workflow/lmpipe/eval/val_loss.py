@@ -95,9 +95,10 @@ def evaluate(
             "produced_by": produced_by(__name__, model_dir, how, shard=str(shard), device=device),
         }
     mixture = read_mixture(manifest)
-    sources = {}
+    sources, shards = {}, []
     for s in mixture.sources:
         shard = val_shard(s.tokens.path)
+        shards.append(str(shard))
         # a small source's val shard may hold fewer tokens than asked: all of it is scored
         capped = replace(settings, tokens=min(settings.tokens, read_header(shard) - 1))
         sources[s.name] = {"dataset": s.name, "weight": s.weight}
@@ -115,7 +116,7 @@ def evaluate(
             __name__,
             model_dir,
             f"{how}, each source's val shard, weighted by the mixture",
-            shards=[str(val_shard(s.tokens.path)) for s in mixture.sources],
+            shards=shards,
             device=device,
         ),  # fmt: skip
     }

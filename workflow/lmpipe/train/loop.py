@@ -409,8 +409,9 @@ class Trainer:
         if self.task.sparse_targets:  # the head ran on the counted tokens only
             step_flops -= self.head_flops_per_token * (tc.batch_tokens - counted_tokens)
         mfu = step_flops / dt / (self.peak * self.d.world_size)
-        record = {"loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_s}
-        record["mfu"] = mfu
+        record = {
+            "loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_per_s, "mfu": mfu,
+        }  # fmt: skip
         position = self.loader.state_dict()
         for key in ("tokens_by_source", "epochs_by_source"):  # a mixture's (MixtureLoader)
             if key in position:
