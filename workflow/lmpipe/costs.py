@@ -32,7 +32,6 @@ from typing import Any
 import yaml
 
 from lmpipe import config as lmconfig
-from lmpipe.data.shards import read_manifest
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.hardware import GPU_BF16_PEAK, GPU_MEMORY_GB, by_gpu, gpu_peak_flops
 from lmpipe.paths import REPO_ROOT
@@ -220,8 +219,9 @@ def train_tokens(config: dict[str, Any], dataset: str) -> float:
     dataset_tokens."""
     manifest = Path(lmconfig.layout(config).tokens_manifest(dataset))
     if manifest.is_file():
-        shards = read_manifest(manifest).shards
-        counted = sum(s.tokens or 0 for s in shards if s.split == "train")
+        # read here, not through lmpipe.data.shards: the plan's layer imports no stage package
+        shards = json.loads(manifest.read_text()).get("shards", [])
+        counted = sum(s.get("tokens") or 0 for s in shards if s.get("split") == "train")
         if counted:
             return float(counted)
     return dataset_tokens(config, dataset)
