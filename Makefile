@@ -36,7 +36,7 @@ mixture-demo: setup
 ## tests/conftest.py): they mostly wait, the other worker computes meanwhile
 TEST_WORKERS ?= 2
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 ## unit tests only (under 2 minutes on 2 cores, on TEST_WORKERS workers)
 test-fast: setup
