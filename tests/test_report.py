@@ -259,6 +259,25 @@ def test_headline_has_every_runs_metrics(layout: Layout, tmp_path: Path) -> None
         assert value in html, value
 
 
+def test_a_mixtures_headline_val_loss_says_it_is_a_mean_of_its_sources(
+    layout: Layout, tmp_path: Path
+) -> None:
+    """A mixture's val_loss is its sources' losses weighted: the headline cell says so, where a
+    run of one dataset's cell is that shard's loss and says nothing."""
+    write_run(layout, "one")
+    write_run(layout, "mix", val_loss=4.5)
+    path = Path(layout.eval_dir("mix")) / "val_loss.json"
+    result = json.loads(path.read_text())
+    result["sources"] = {
+        "a": {"dataset": "a", "weight": 0.8, "value": 4.0, "tokens": 4096},
+        "b": {"dataset": "b", "weight": 0.2, "value": 6.5, "tokens": 4096},
+    }
+    path.write_text(json.dumps(result))
+    html = render(layout, {"one": settings(3e-3), "mix": settings(1e-3)}, tmp_path)
+    assert "4.5000 weighted mean of 2 sources (Data table)" in row_text(html, "headline-mix")
+    assert "sources" not in row_text(html, "headline-one")
+
+
 def test_the_cost_is_at_the_price_of_each_runs_gpu_type(layout: Layout, tmp_path: Path) -> None:
     """gpu_hour_price one a GPU type: each run's GPU-hours at the price of the type the plan
     (lmpipe.plan.report_plan) names for it; a type without a price gets no cost."""

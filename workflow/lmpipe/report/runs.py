@@ -158,6 +158,9 @@ def headline(run: Run, gpu_hour_price: float | None) -> dict[str, Any]:
         for column in evaluation.columns:
             metrics[column.key] = run.evals.get(name, {}).get(column.field)
     notes = {}
+    sources = run.evals.get("val_loss", {}).get("sources")
+    if sources:  # a mixture's: not one shard's loss
+        notes["val_loss"] = f"weighted mean of {len(sources)} sources (Data table)"
     if metrics.get("val_loss") is None and run.val and not run.fine_tuned:
         # before the val_loss evaluation ran: the last val loss logged in training (a fine-tuning
         # run's is on conversations, not the text dataset)
