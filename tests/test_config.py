@@ -387,7 +387,8 @@ def test_the_speedrun_presets_optimizer_is_its_records():
     assert (t.max_steps, t.batch_tokens, t.grad_clip) == (1390, 8 * 64 * 1024, 0.0)
     assert t.schedule.cooldown_steps == round(0.4 * 1390) and t.schedule.warmup_steps == 0
     # its GPT(num_layers=12, num_heads=6, model_dim=768): half-truncated rotary, no attention
-    # in blocks.7
+    # in blocks.7, and its CausalSelfAttention's c_q, c_k, c_v apart
     m = rc.model
     assert (m.n_layer, m.n_head, m.n_embd) == (12, 6, 768)
     assert (m.rope_frequencies, tuple(m.no_attention)) == ("half_truncated", (7,))
+    assert m.qkv == "separate"

@@ -77,7 +77,10 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
     mask = torch.ones(T, T).tril().bool()
     for i in range(c.n_layer):
         p = f"transformer.h.{i}."
-        q, k, v = (rms(x) @ state[p + "attn.c_attn.weight"].T).split(C, dim=-1)
+        if p + "attn.c_q.weight" in state:  # the record's CausalSelfAttention: c_q, c_k, c_v
+            q, k, v = (rms(x) @ state[p + f"attn.c_{n}.weight"].T for n in "qkv")
+        else:
+            q, k, v = (rms(x) @ state[p + "attn.c_attn.weight"].T).split(C, dim=-1)
         q, k, v = (t.reshape(B, T, H, hs) for t in (q, k, v))
         q, k = rotate(rms(q)), rotate(rms(k))
         att = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hs)
@@ -101,6 +104,26 @@ def test_logits_equal_the_reference():
     assert logits.abs().max() < 15.0 and logits.abs().max() > 5.0  # the cap is reached
     ce = F.cross_entropy(expected[:, :-1].reshape(-1, 50257), idx[:, 1:].reshape(-1))
     torch.testing.assert_close(loss, ce, rtol=1e-5, atol=1e-5)  # the training loss is capped too
+
+
+def test_separate_qkv_logits_equal_the_reference_and_round_trip(tmp_path):
+    """qkv separate: c_q, c_k, c_v (no c_attn) as the record's attention; the same parameter
+    count, logits equal to the reference's, and the native folder gives them back."""
+    model = randomise(tiny(qkv="separate")).eval()
+    names = dict(model.named_parameters())
+    assert "transformer.h.0.attn.c_q.weight" in names and not any("c_attn" in n for n in names)
+    assert names["transformer.h.1.attn.c_v.weight"].shape == (32, 32)
+    assert model.num_params() == ARCHITECTURES["modern"].num_params(model.config)
+    idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected = reference_logits(model.state_dict(), model.config, idx)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    write_hf(model, TOKENIZER, tmp_path, {})
+    back = load_hf(tmp_path)
+    assert back.config.qkv == "separate"
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx)[0], logits, rtol=0, atol=0)
 
 
 # ---- each switch ---------------------------------------------------------------------------------
@@ -535,16 +558,18 @@ def test_half_truncated_rotary_is_the_records():
 
 
 def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
-    """rope_frequencies came after embedded-modern was trained: at its default ("all") the run's
-    params hold no such key, so Snakemake does not rerun it."""
+    """rope_frequencies and qkv came after embedded-modern was trained: at their defaults ("all",
+    "fused") the run's params hold no such keys, so Snakemake does not rerun it."""
     config = schema.load_config(CONFIG_FILE)
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
-    assert params["model"]["arch"] == "modern" and "rope_frequencies" not in params["model"]
-    config["models"][config["runs"]["embedded-modern"]["model"]]["rope_frequencies"] = (
-        "half_truncated"
-    )
+    assert params["model"]["arch"] == "modern"
+    assert not {"rope_frequencies", "qkv"} & set(params["model"])
+    model = config["models"][config["runs"]["embedded-modern"]["model"]]
+    model |= {"rope_frequencies": "half_truncated", "qkv": "separate"}
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
-    assert params["model"]["rope_frequencies"] == "half_truncated"
+    assert (params["model"]["rope_frequencies"], params["model"]["qkv"]) == (
+        "half_truncated", "separate",
+    )  # fmt: skip
 
 
 def test_a_block_without_attention_is_the_records():

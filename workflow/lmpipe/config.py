@@ -639,7 +639,7 @@ ADDED_TRAIN_KEYS = {
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
 ADDED_OPTIMIZER_KEYS = {"momentum_warmup_steps": 0, "momentum_start": 0.85, "embed_lr": None}
 ADDED_MODEL_KEYS: dict[str, Any] = {
-    "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02,
+    "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02, "qkv": "fused",
 }  # fmt: skip
 
 

@@ -115,6 +115,12 @@ class ModernSettings:
     no_attention: tuple[int, ...] = setting(
         (), "blocks without attention, by index (modded-nanogpt's 2025-01 records: [7])"
     )
+    qkv: str = setting(
+        "fused",
+        "fused: one 3C x C c_attn, orthogonalised by Muon as one matrix; separate: c_q, c_k, c_v,"
+        " C x C each, each orthogonalised alone (modded-nanogpt's 2025-01 records)",
+        enum=["fused", "separate"],
+    )
     embed_init_std: float = setting(
         0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
         exclusiveMinimum=0,
@@ -126,6 +132,12 @@ def attention_layers(m: Any) -> int:
     return m.n_layer - len(set(getattr(m, "no_attention", ())))
 
 
+def attention_matrices(m: Any) -> int:
+    """A modern block's attention matrices: c_attn (or c_q, c_k, c_v with `qkv: separate`) and
+    c_proj. The parameters are the same either way (3C^2)."""
+    return 4 if getattr(m, "qkv", "fused") == "separate" else 2
+
+
 def modern_params(m: Any) -> int:
     """The modern model's parameters: token embedding (padded vocab), learned positions without
     rope, L blocks of an MLP (8C^2, with `bias` 5C) and, but in `no_attention`, attention
@@ -134,7 +146,7 @@ def modern_params(m: Any) -> int:
     C, V = m.n_embd, m.padded_vocab_size
     norm = 0 if m.norm == "rmsnorm" else C * (2 if m.bias else 1)  # a norm's parameters
     mlp = 8 * C * C + (5 * C if m.bias else 0) + norm  # c_fc, c_proj, their norm
-    attention = 4 * C * C + (4 * C if m.bias else 0) + norm  # c_attn, c_proj, their norm
+    attention = 4 * C * C + (4 * C if m.bias else 0) + norm  # c_attn (or c_q, c_k, c_v), c_proj
     head = 0 if m.tie_embeddings else V * C
     positions = 0 if m.rope else m.block_size * C
     blocks = m.n_layer * mlp + attention_layers(m) * attention
@@ -166,8 +178,9 @@ ARCHITECTURES: dict[str, Architecture] = {
             modern_params,
             exports=("hf",),  # a native folder (no Hugging Face class computes these logits)
             settings=ModernSettings,
-            # as GPT-2's (the norms have no weights), but blocks without attention have 2
-            hidden_matrices=lambda m: 2 * m.n_layer + 2 * attention_layers(m),
+            # as GPT-2's (the norms have no weights), but blocks without attention have 2 and
+            # separate queries, keys and values 2 more
+            hidden_matrices=lambda m: 2 * m.n_layer + attention_matrices(m) * attention_layers(m),
             flops_params=modern_flops_params,
         ),
     )

@@ -15,7 +15,12 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
 - tanh soft-capping of the logits (`logit_softcap`): cap * tanh(logits / cap), from Gemma 2;
   modded-nanogpt's records used 30 * tanh(logits / 30) first, 15 * tanh(logits / 15) later;
 - no biases (`bias`);
-- optionally blocks without attention (`no_attention`: the record's layer 7).
+- optionally blocks without attention (`no_attention`: the record's layer 7);
+- queries, keys and values from one fused `c_attn` or from three matrices `c_q`, `c_k`, `c_v`
+  (`qkv: separate`: the `CausalSelfAttention` of modded-nanogpt's 2025-01-04 record,
+  KellerJordan/modded-nanogpt records/010425_SoftCap/31d6c427-f1f7-4d8a-91be-a67b5dcd13fd.txt):
+  the same function of the same numbers, but Muon
+  orthogonalises each of the three alone, which moves the training.
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
@@ -91,7 +96,13 @@ class CausalSelfAttention(nn.Module):
         assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.qk_norm = config.qk_norm
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        C = config.n_embd
+        if config.qkv == "separate":  # three matrices, so that Muon orthogonalises each alone
+            self.c_q = nn.Linear(C, C, bias=config.bias)
+            self.c_k = nn.Linear(C, C, bias=config.bias)
+            self.c_v = nn.Linear(C, C, bias=config.bias)
+        else:
+            self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.OUTPUT_PROJECTION = True  # zero-initialised (zero_init)
 
@@ -102,7 +113,10 @@ class CausalSelfAttention(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        if hasattr(self, "c_attn"):
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:
+            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
         q = q.view(B, T, self.n_head, C // self.n_head)  # (B, T, nh, hs)
         k = k.view(B, T, self.n_head, C // self.n_head)
         v = v.view(B, T, self.n_head, C // self.n_head)
