@@ -75,8 +75,11 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
         return torch.cat([z.real, z.imag], dim=-1)
 
     mask = torch.ones(T, T).tril().bool()
+    skips = []  # the record's GPT.forward: encoder outputs kept, popped into the decoder
     for i in range(c.n_layer):
         p = f"transformer.h.{i}."
+        if "skip_weights" in state and i >= c.n_layer // 2:
+            x = x + state["skip_weights"][i - c.n_layer // 2] * skips.pop()
         if p + "attn.c_q.weight" in state:  # the record's CausalSelfAttention: c_q, c_k, c_v
             q, k, v = (rms(x) @ state[p + f"attn.c_{n}.weight"].T for n in "qkv")
         else:
@@ -89,6 +92,8 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
         x = x + y @ state[p + "attn.c_proj.weight"].T
         h = torch.relu(rms(x) @ state[p + "mlp.c_fc.weight"].T).pow(2)
         x = x + h @ state[p + "mlp.c_proj.weight"].T
+        if "skip_weights" in state and i < c.n_layer // 2:
+            skips.append(x)
     logits = rms(x) @ state["lm_head.weight"][: c.vocab_size].T
     return 15.0 * torch.tanh(logits / 15.0)
 
@@ -124,6 +129,27 @@ def test_separate_qkv_logits_equal_the_reference_and_round_trip(tmp_path):
     assert back.config.qkv == "separate"
     with torch.no_grad():
         torch.testing.assert_close(back(idx)[0], logits, rtol=0, atol=0)
+
+
+def test_unet_skips_logits_equal_the_reference_and_round_trip(tmp_path):
+    """unet_skips on 4 blocks: skip_weights (2, init 1) added back as the record's GPT.forward
+    does (block 2 gets block 1's output, block 3 block 0's), logits equal to the reference's,
+    the parameter count, and the native folder gives them back; an odd n_layer is refused."""
+    torch.manual_seed(0)
+    model = build_model(modern_config(**SHAPE | {"n_layer": 4}, unet_skips=True))
+    assert torch.equal(model.skip_weights.detach(), torch.ones(2))
+    model = randomise(model).eval()
+    assert model.num_params() == ARCHITECTURES["modern"].num_params(model.config)
+    idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected = reference_logits(model.state_dict(), model.config, idx)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    write_hf(model, TOKENIZER, tmp_path, {})
+    with torch.no_grad():
+        torch.testing.assert_close(load_hf(tmp_path)(idx)[0], logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unet_skips needs an even n_layer, not 3"):
+        build_model(modern_config(**SHAPE | {"n_layer": 3}, unet_skips=True))
 
 
 # ---- each switch ---------------------------------------------------------------------------------
@@ -558,18 +584,19 @@ def test_half_truncated_rotary_is_the_records():
 
 
 def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
-    """rope_frequencies and qkv came after embedded-modern was trained: at their defaults ("all",
-    "fused") the run's params hold no such keys, so Snakemake does not rerun it."""
+    """rope_frequencies, qkv and unet_skips came after embedded-modern was trained: at their
+    defaults ("all", "fused", false) the run's params hold no such keys, so Snakemake does not
+    rerun it."""
     config = schema.load_config(CONFIG_FILE)
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert params["model"]["arch"] == "modern"
-    assert not {"rope_frequencies", "qkv"} & set(params["model"])
+    assert not {"rope_frequencies", "qkv", "unet_skips"} & set(params["model"])
     model = config["models"][config["runs"]["embedded-modern"]["model"]]
-    model |= {"rope_frequencies": "half_truncated", "qkv": "separate"}
+    model |= {"rope_frequencies": "half_truncated", "qkv": "separate", "unet_skips": True}
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
-    assert (params["model"]["rope_frequencies"], params["model"]["qkv"]) == (
-        "half_truncated", "separate",
-    )  # fmt: skip
+    assert [params["model"][k] for k in ("rope_frequencies", "qkv", "unet_skips")] == [
+        "half_truncated", "separate", True,
+    ]  # fmt: skip
 
 
 def test_a_block_without_attention_is_the_records():

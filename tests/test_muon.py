@@ -152,6 +152,20 @@ def test_separate_qkv_orthogonalises_each_projection_alone():
     assert (moved["fused"] - expected).abs().max() > 1e-2
 
 
+def test_the_scalars_at_their_own_lr_as_the_records():
+    """The record's `dict(params=scalar_params, lr=0.04)` (scalar_params: its parameters of
+    ndim < 2): with scalar_lr, the U-net's skip weights (1-D) in AdamW's undecayed group at it;
+    without, at adam_lr."""
+    shape = SHAPE | {"n_layer": 4, "vocab_size": 256, "padded_vocab_size": 256}
+    model = build_model(lmconfig.model_class("modern")(**shape, unet_skips=True))
+    for scalar_lr, lr in ((0.04, 0.04), (None, 0.008)):
+        opt = build_optimizer(model, settings(adam_lr=0.008, scalar_lr=scalar_lr))
+        (group,) = [
+            g for g in opt.param_groups if any(p is model.skip_weights for p in g["params"])
+        ]
+        assert (group["kind"], group["lr"], group["weight_decay"]) == ("adamw", lr, 0.0)
+
+
 def test_the_momentum_warmup_resumes_where_it_was():
     """The step count is in the optimizer's state: a new optimizer loaded from it after 2 steps
     continues the ramp (its state dict is what the checkpoint keeps)."""

@@ -121,6 +121,11 @@ class ModernSettings:
         " C x C each, each orthogonalised alone (modded-nanogpt's 2025-01 records)",
         enum=["fused", "separate"],
     )
+    unet_skips: bool = setting(
+        False,
+        "U-net skips: block n_layer/2 + i adds skip_weights[i] (learned, init 1) times the output"
+        " of block n_layer/2 - 1 - i (modded-nanogpt's 2025-01 records); needs an even n_layer",
+    )
     embed_init_std: float = setting(
         0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
         exclusiveMinimum=0,
@@ -138,6 +143,11 @@ def attention_matrices(m: Any) -> int:
     return 4 if getattr(m, "qkv", "fused") == "separate" else 2
 
 
+def modern_scalars(m: Any) -> int:
+    """The modern model's learned scalars: the U-net's skip weights, one a decoder block."""
+    return m.n_layer - m.n_layer // 2 if getattr(m, "unet_skips", False) else 0
+
+
 def modern_params(m: Any) -> int:
     """The modern model's parameters: token embedding (padded vocab), learned positions without
     rope, L blocks of an MLP (8C^2, with `bias` 5C) and, but in `no_attention`, attention
@@ -150,14 +160,15 @@ def modern_params(m: Any) -> int:
     head = 0 if m.tie_embeddings else V * C
     positions = 0 if m.rope else m.block_size * C
     blocks = m.n_layer * mlp + attention_layers(m) * attention
-    return V * C + positions + blocks + 2 * norm + head
+    return V * C + positions + blocks + 2 * norm + head + modern_scalars(m)
 
 
 def modern_flops_params(m: Any) -> int:
     """The modern model's N for its FLOPs: its parameters less an untied token embedding (a
     lookup, no matmul; tied, it is the head, and counts). Learned positions count, as llm.c
     counts GPT-2's."""
-    return modern_params(m) - (0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd)
+    embedding = 0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd
+    return modern_params(m) - embedding - modern_scalars(m)  # scalars: no matmul either
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -240,6 +251,11 @@ class MuonSettings:
     )
     embed_lr: float | None = optional(
         "peak learning rate of the token embedding (modded-nanogpt: 0.6); null: adam_lr",
+        exclusiveMinimum=0,
+    )
+    scalar_lr: float | None = optional(
+        "peak learning rate of the 1-D parameters (learned scalars, gains, biases), AdamW's"
+        " undecayed group (modded-nanogpt: 0.04); null: adam_lr",
         exclusiveMinimum=0,
     )
     adam_betas: tuple[float, float] = setting((0.9, 0.95), "AdamW's (beta1, beta2)")

@@ -17,7 +17,8 @@ peak `lr` (the loop scales every group by the schedule, lmpipe.train.optim.lr_at
 - `adamw`, decayed: the other 2-D parameters (token and position embeddings, the LM head, tied to
   the token embedding in GPT-2): `adam_lr`, `adam_weight_decay`; with `embed_lr`, the token
   embedding in a group of its own at that lr (modded-nanogpt's 0.6 against the head's 0.008);
-- `adamw`, not decayed: gains and biases (1-D): `adam_lr`.
+- `adamw`, not decayed: learned scalars, gains and biases (1-D): `adam_lr`, or `scalar_lr`
+  where set (modded-nanogpt's 0.04).
 
 One torch.optim.Optimizer with per-parameter state (`momentum_buffer`; AdamW's `step`,
 `exp_avg`, `exp_avg_sq`) keeps the loop's schedule and DCP's optimizer state dict as they are for
@@ -310,7 +311,7 @@ def muon_groups(model: torch.nn.Module, s: MuonSettings) -> list[dict[str, Any]]
          "lr": s.embed_lr, "weight_decay": s.adam_weight_decay},
         {"kind": "adamw", "params": others, "lr": s.adam_lr, "weight_decay": s.adam_weight_decay},
         {"kind": "adamw", "params": [p for p in params if p.dim() < 2],
-         "lr": s.adam_lr, "weight_decay": 0.0},
+         "lr": s.adam_lr if s.scalar_lr is None else s.scalar_lr, "weight_decay": 0.0},
     ]  # fmt: skip
     return [g for g in groups if g["params"]]
 

@@ -20,7 +20,10 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   (`qkv: separate`: the `CausalSelfAttention` of modded-nanogpt's 2025-01-04 record,
   KellerJordan/modded-nanogpt records/010425_SoftCap/31d6c427-f1f7-4d8a-91be-a67b5dcd13fd.txt):
   the same function of the same numbers, but Muon
-  orthogonalises each of the three alone, which moves the training.
+  orthogonalises each of the three alone, which moves the training;
+- optionally U-net skips (`unet_skips`, the same record's `GPT.forward`): the first n_layer / 2
+  blocks' outputs are kept, and before each later block the last kept one is added back, times
+  a learned scalar `skip_weights[i]` (init 1).
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
@@ -175,6 +178,8 @@ class ModernGPT(nn.Module):
                 f"no_attention {list(config.no_attention)}: a block index is not one of"
                 f" 0..{config.n_layer - 1}"
             )
+        if config.unet_skips and config.n_layer % 2:
+            raise ValueError(f"unet_skips needs an even n_layer, not {config.n_layer}")
         if config.rope and (config.n_embd // config.n_head) % 2:
             raise ValueError(
                 f"rotary needs an even head size, not {config.n_embd // config.n_head}"
@@ -192,6 +197,8 @@ class ModernGPT(nn.Module):
         )
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        if config.unet_skips:  # one learned weight a decoder block
+            self.skip_weights = nn.Parameter(torch.ones(config.n_layer - config.n_layer // 2))
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         # the head + loss in training; the trainer may set a compiled or chunked one
@@ -208,6 +215,8 @@ class ModernGPT(nn.Module):
         """N(0, 0.02), and zeros for the output projections and the untied head (zero_init; else
         llm.c's 0.02 / sqrt(2 n_layer) for the projections); callable again after `to_empty()`."""
         c = self.config
+        if c.unet_skips:
+            nn.init.ones_(self.skip_weights)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 if module is self.lm_head:
@@ -278,8 +287,14 @@ class ModernGPT(nn.Module):
             rope = rotary(n, c.n_embd // c.n_head, c.rope_base, idx.device, c.rope_frequencies)
             if positions is not None:
                 rope = tuple(t[positions] for t in rope)  # (B, T, hs/2) each
-        for block in self.transformer.h:
+        skips = []  # U-net: the encoder's outputs, added back to the decoder's inputs last first
+        encoder = c.n_layer // 2
+        for i, block in enumerate(self.transformer.h):
+            if c.unet_skips and i >= encoder:
+                x = x + self.skip_weights[i - encoder] * skips.pop()
             x = block(x, rope, mask)
+            if c.unet_skips and i < encoder:
+                skips.append(x)
         return self.transformer.ln_f(x)
 
     def forward(
