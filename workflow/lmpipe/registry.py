@@ -167,8 +167,7 @@ def modern_flops_params(m: Any) -> int:
     """The modern model's N for its FLOPs: its parameters less an untied token embedding (a
     lookup, no matmul; tied, it is the head, and counts). Learned positions count, as llm.c
     counts GPT-2's."""
-    embedding = 0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd
-    return modern_params(m) - embedding - modern_scalars(m)  # scalars: no matmul either
+    return modern_params(m) - (0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
