@@ -393,3 +393,4 @@ def test_the_speedrun_presets_optimizer_is_its_records():
     assert (m.n_layer, m.n_head, m.n_embd) == (12, 6, 768)
     assert (m.rope_frequencies, tuple(m.no_attention)) == ("half_truncated", (7,))
     assert (m.qkv, m.unet_skips, o.scalar_lr) == ("separate", True, 0.04)  # its skip_weights
+    assert (m.value_embeddings, m.embedding_mix) == (3, True)  # ValueEmbedding, Block.lambdas

@@ -66,7 +66,12 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
     B, T = idx.shape
     C, H = c.n_embd, c.n_head
     hs = C // H
-    x = rms(state["transformer.wte.weight"][idx])
+    x = x0 = rms(state["transformer.wte.weight"][idx])
+    k = getattr(
+        c, "value_embeddings", 0
+    )  # the record's ValueEmbedding: [0, 1, 2, None..., 0, 1, 2]
+    ve = [state[f"value_embeds.{j}.weight"][idx] for j in range(k)]
+    ve = ve + [None] * (c.n_layer - 2 * k) + ve
     angles = torch.arange(T)[:, None] * c.rope_base ** (-torch.arange(0, hs, 2) / hs)  # (T, hs/2)
     turn = torch.polar(torch.ones_like(angles), -angles)  # e^{-i theta}
 
@@ -80,11 +85,22 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
         p = f"transformer.h.{i}."
         if "skip_weights" in state and i >= c.n_layer // 2:
             x = x + state["skip_weights"][i - c.n_layer // 2] * skips.pop()
+        if p + "lambdas" in state:  # the record's Block.forward
+            x = state[p + "lambdas"][0] * x + state[p + "lambdas"][1] * x0
+        if i in c.no_attention:  # the record's Block with attn None: the MLP alone
+            h = torch.relu(rms(x) @ state[p + "mlp.c_fc.weight"].T).pow(2)
+            x = x + h @ state[p + "mlp.c_proj.weight"].T
+            if "skip_weights" in state and i < c.n_layer // 2:
+                skips.append(x)
+            continue
         if p + "attn.c_q.weight" in state:  # the record's CausalSelfAttention: c_q, c_k, c_v
             q, k, v = (rms(x) @ state[p + f"attn.c_{n}.weight"].T for n in "qkv")
         else:
             q, k, v = (rms(x) @ state[p + "attn.c_attn.weight"].T).split(C, dim=-1)
         q, k, v = (t.reshape(B, T, H, hs) for t in (q, k, v))
+        if p + "attn.lambdas" in state:  # the record's CausalSelfAttention.forward
+            lam = state[p + "attn.lambdas"]
+            v = lam[0] * v + (0 if ve[i] is None else lam[1] * ve[i].reshape(B, T, H, hs))
         q, k = rotate(rms(q)), rotate(rms(k))
         att = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hs)
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
@@ -150,6 +166,33 @@ def test_unet_skips_logits_equal_the_reference_and_round_trip(tmp_path):
         torch.testing.assert_close(load_hf(tmp_path)(idx)[0], logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match="unet_skips needs an even n_layer, not 3"):
         build_model(modern_config(**SHAPE | {"n_layer": 3}, unet_skips=True))
+
+
+def test_the_records_rows_together_equal_the_reference_and_round_trip(tmp_path):
+    """qkv separate, unet_skips, value_embeddings 1 (block 0 and 5 its table, the others v
+    scaled alone), embedding_mix, a block without attention, on 6 blocks with every scalar
+    random: logits equal to the reference's (the record's GPT.forward written out), the init of
+    the scalars the record's, the parameter count, and the native folder round trip."""
+    config = modern_config(**SHAPE | {"n_layer": 6}, qkv="separate", unet_skips=True,
+                           value_embeddings=1, embedding_mix=True, no_attention=[2],
+                           embed_init_std=1.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(config)
+    assert torch.equal(model.transformer.h[0].lambdas.detach(), torch.tensor([1.0, 0.0]))
+    assert torch.equal(model.transformer.h[0].attn.lambdas.detach(), torch.tensor([0.5, 0.5]))
+    assert model.value_embeds[0].weight.std() > 0.9  # nn.Embedding's N(0, 1), as wte's
+    assert model.num_params() == ARCHITECTURES["modern"].num_params(config)
+    model = randomise(model).eval()
+    idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected = reference_logits(model.state_dict(), config, idx)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    write_hf(model, TOKENIZER, tmp_path, {})
+    with torch.no_grad():
+        torch.testing.assert_close(load_hf(tmp_path)(idx)[0], logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="value_embeddings 4: needs 2 x that many blocks, not 6"):
+        build_model(dataclasses.replace(config, value_embeddings=4))
 
 
 # ---- each switch ---------------------------------------------------------------------------------
@@ -584,18 +627,20 @@ def test_half_truncated_rotary_is_the_records():
 
 
 def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
-    """rope_frequencies, qkv and unet_skips came after embedded-modern was trained: at their
-    defaults ("all", "fused", false) the run's params hold no such keys, so Snakemake does not
-    rerun it."""
+    """The keys added after embedded-modern was trained (rope_frequencies, qkv, unet_skips,
+    value_embeddings, embedding_mix): at their defaults the run's params hold none of them, so
+    Snakemake does not rerun it."""
     config = schema.load_config(CONFIG_FILE)
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert params["model"]["arch"] == "modern"
-    assert not {"rope_frequencies", "qkv", "unet_skips"} & set(params["model"])
+    added = {"rope_frequencies", "qkv", "unet_skips", "value_embeddings", "embedding_mix"}
+    assert not added & set(params["model"])
     model = config["models"][config["runs"]["embedded-modern"]["model"]]
-    model |= {"rope_frequencies": "half_truncated", "qkv": "separate", "unet_skips": True}
+    model |= {"rope_frequencies": "half_truncated", "qkv": "separate", "unet_skips": True,
+              "value_embeddings": 1, "embedding_mix": True}  # fmt: skip
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
-    assert [params["model"][k] for k in ("rope_frequencies", "qkv", "unet_skips")] == [
-        "half_truncated", "separate", True,
+    assert [params["model"][k] for k in sorted(added)] == [
+        True, "separate", "half_truncated", True, 1,
     ]  # fmt: skip
 
 

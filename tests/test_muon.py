@@ -166,6 +166,24 @@ def test_the_scalars_at_their_own_lr_as_the_records():
         assert (group["kind"], group["lr"], group["weight_decay"]) == ("adamw", lr, 0.0)
 
 
+def test_the_value_embeddings_at_the_embeddings_lr_as_the_records():
+    """The record's `embed_params = [model.embed.weight, *model.value_embeds.parameters()]` at
+    lr 0.6: with embed_lr, the value embeddings in the token embedding's group; the value and
+    embedding mixes (1-D) at scalar_lr; Muon's matrices unchanged."""
+    shape = SHAPE | {"n_layer": 4, "vocab_size": 256, "padded_vocab_size": 256}
+    model = build_model(
+        lmconfig.model_class("modern")(**shape, value_embeddings=2, embedding_mix=True)
+    )
+    opt = build_optimizer(model, settings(adam_lr=0.008, embed_lr=0.6, scalar_lr=0.04))
+    names = {id(p): n for n, p in model.named_parameters()}
+    got = {(g["kind"], g["lr"]): {names[id(p)] for p in g["params"]} for g in opt.param_groups}
+    assert got[("adamw", 0.6)] == {"transformer.wte.weight", "value_embeds.0.weight",
+                                   "value_embeds.1.weight"}  # fmt: skip
+    lambdas = {f"transformer.h.{i}.{m}lambdas" for i in range(4) for m in ("", "attn.")}
+    assert got[("adamw", 0.04)] == lambdas
+    assert len(got[("muon", 0.02)]) == 4 * 4
+
+
 def test_the_momentum_warmup_resumes_where_it_was():
     """The step count is in the optimizer's state: a new optimizer loaded from it after 2 steps
     continues the ramp (its state dict is what the checkpoint keeps)."""

@@ -126,6 +126,18 @@ class ModernSettings:
         "U-net skips: block n_layer/2 + i adds skip_weights[i] (learned, init 1) times the output"
         " of block n_layer/2 - 1 - i (modded-nanogpt's 2025-01 records); needs an even n_layer",
     )
+    value_embeddings: int = setting(
+        0,
+        "k token embeddings of values: blocks 0..k-1 and the last k mix table i into their"
+        " values, v = lambdas[0] v + lambdas[1] ve (learned, init 0.5, 0.5; the other blocks"
+        " lambdas[0] v), as modded-nanogpt's 2025-01 records (3); needs 2k <= n_layer",
+        minimum=0,
+    )
+    embedding_mix: bool = setting(
+        False,
+        "each block's input mixed with the normed embedding x0: lambdas[0] x + lambdas[1] x0"
+        " (learned, init 1, 0), as modded-nanogpt's 2025-01 records",
+    )
     embed_init_std: float = setting(
         0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
         exclusiveMinimum=0,
@@ -144,8 +156,16 @@ def attention_matrices(m: Any) -> int:
 
 
 def modern_scalars(m: Any) -> int:
-    """The modern model's learned scalars: the U-net's skip weights, one a decoder block."""
-    return m.n_layer - m.n_layer // 2 if getattr(m, "unet_skips", False) else 0
+    """The modern model's learned scalars: the U-net's skip weights, one a decoder block; the
+    value mix, 2 an attention block with value embeddings; the embedding mix, 2 a block."""
+    skips = m.n_layer - m.n_layer // 2 if getattr(m, "unet_skips", False) else 0
+    values = 2 * attention_layers(m) if getattr(m, "value_embeddings", 0) else 0
+    return skips + values + (2 * m.n_layer if getattr(m, "embedding_mix", False) else 0)
+
+
+def value_embedding_params(m: Any) -> int:
+    """The value embeddings' parameters: k tables of the padded vocabulary (lookups)."""
+    return getattr(m, "value_embeddings", 0) * m.padded_vocab_size * m.n_embd
 
 
 def modern_params(m: Any) -> int:
@@ -160,14 +180,17 @@ def modern_params(m: Any) -> int:
     head = 0 if m.tie_embeddings else V * C
     positions = 0 if m.rope else m.block_size * C
     blocks = m.n_layer * mlp + attention_layers(m) * attention
-    return V * C + positions + blocks + 2 * norm + head + modern_scalars(m)
+    return (
+        V * C + positions + blocks + 2 * norm + head + modern_scalars(m) + value_embedding_params(m)
+    )
 
 
 def modern_flops_params(m: Any) -> int:
     """The modern model's N for its FLOPs: its parameters less an untied token embedding (a
     lookup, no matmul; tied, it is the head, and counts). Learned positions count, as llm.c
     counts GPT-2's."""
-    return modern_params(m) - (0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd)
+    embedding = 0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd
+    return modern_params(m) - embedding - value_embedding_params(m)  # lookups, no matmul
 
 
 ARCHITECTURES: dict[str, Architecture] = {

@@ -302,7 +302,9 @@ def muon_groups(model: torch.nn.Module, s: MuonSettings) -> list[dict[str, Any]]
         )
     params = list(model.parameters())  # a tied weight appears once
     # with embed_lr, the token embedding apart (tied, it is the head too)
-    embed = {id(model.transformer.wte.weight)} if s.embed_lr is not None else set()
+    # and the value embeddings with it, as the record's embed_params
+    tables = [model.transformer.wte, *getattr(model, "value_embeds", [])]
+    embed = {id(t.weight) for t in tables} if s.embed_lr is not None else set()
     others = [p for p in params if id(p) not in hidden | embed and p.dim() >= 2]
     groups = [
         {"kind": "muon", "params": [p for p in params if id(p) in hidden],

@@ -23,7 +23,12 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   orthogonalises each of the three alone, which moves the training;
 - optionally U-net skips (`unet_skips`, the same record's `GPT.forward`): the first n_layer / 2
   blocks' outputs are kept, and before each later block the last kept one is added back, times
-  a learned scalar `skip_weights[i]` (init 1).
+  a learned scalar `skip_weights[i]` (init 1);
+- optionally value embeddings (`value_embeddings: k`, the record's `ValueEmbedding`, k = 3): k
+  more token embeddings, table i mixed into the values of blocks i and n_layer - k + i as
+  v = lambdas[0] v + lambdas[1] ve (learned scalars, init 0.5 each; the other blocks
+  lambdas[0] v), and the embedding mix (`embedding_mix`, the record's `Block.lambdas`): each
+  block's input lambdas[0] x + lambdas[1] x0, x0 the normed embedding (init 1, 0).
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
@@ -108,12 +113,15 @@ class CausalSelfAttention(nn.Module):
             self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.OUTPUT_PROJECTION = True  # zero-initialised (zero_init)
+        if config.value_embeddings:  # the value mix, init (0.5, 0.5) in init_weights
+            self.lambdas = nn.Parameter(torch.full((2,), 0.5))
 
     def forward(
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None,
         mask: torch.Tensor | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
         if hasattr(self, "c_attn"):
@@ -123,6 +131,10 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head)  # (B, T, nh, hs)
         k = k.view(B, T, self.n_head, C // self.n_head)
         v = v.view(B, T, self.n_head, C // self.n_head)
+        if hasattr(self, "lambdas"):
+            v = self.lambdas[0] * v
+            if ve is not None:
+                v = v + self.lambdas[1] * ve.view_as(v)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rope is not None:
@@ -155,15 +167,21 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config) if attention else None
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
+        if config.embedding_mix:  # the embedding mix, init (1, 0) in init_weights
+            self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))
 
     def forward(
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None,
         mask: torch.Tensor | None = None,
+        x0: torch.Tensor | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if hasattr(self, "lambdas"):
+            x = self.lambdas[0] * x + self.lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(self.ln_1(x), rope, mask)
+            x = x + self.attn(self.ln_1(x), rope, mask, ve)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -180,6 +198,11 @@ class ModernGPT(nn.Module):
             )
         if config.unet_skips and config.n_layer % 2:
             raise ValueError(f"unet_skips needs an even n_layer, not {config.n_layer}")
+        if 2 * config.value_embeddings > config.n_layer:
+            raise ValueError(
+                f"value_embeddings {config.value_embeddings}: needs 2 x that many blocks, not"
+                f" {config.n_layer}"
+            )
         if config.rope and (config.n_embd // config.n_head) % 2:
             raise ValueError(
                 f"rotary needs an even head size, not {config.n_embd // config.n_head}"
@@ -197,6 +220,10 @@ class ModernGPT(nn.Module):
         )
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.value_embeds = nn.ModuleList(
+            nn.Embedding(config.padded_vocab_size, config.n_embd)
+            for _ in range(config.value_embeddings)
+        )
         if config.unet_skips:  # one learned weight a decoder block
             self.skip_weights = nn.Parameter(torch.ones(config.n_layer - config.n_layer // 2))
         if config.tie_embeddings:
@@ -217,6 +244,11 @@ class ModernGPT(nn.Module):
         c = self.config
         if c.unet_skips:
             nn.init.ones_(self.skip_weights)
+        for block in self.transformer.h:
+            if hasattr(block, "lambdas"):
+                block.lambdas.copy_(torch.tensor([1.0, 0.0], device=block.lambdas.device))
+            if hasattr(block.attn, "lambdas"):
+                nn.init.constant_(block.attn.lambdas, 0.5)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 if module is self.lm_head:
@@ -235,7 +267,8 @@ class ModernGPT(nn.Module):
                     nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-            elif module is self.transformer.wte:  # modded-nanogpt: nn.Embedding's N(0, 1)
+            elif module is self.transformer.wte or module in self.value_embeds:
+                # modded-nanogpt: nn.Embedding's N(0, 1)
                 nn.init.normal_(module.weight, mean=0.0, std=c.embed_init_std)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -280,7 +313,10 @@ class ModernGPT(nn.Module):
         if not c.rope:
             pos = torch.arange(T, device=idx.device) if positions is None else positions
             x = x + self.transformer.wpe(pos)
-        x = self.transformer.ln_e(x)
+        x = x0 = self.transformer.ln_e(x)
+        k = c.value_embeddings  # tables 0..k-1 to blocks 0..k-1 and n_layer-k..n_layer-1
+        tables = [table(idx) for table in self.value_embeds]
+        ve = tables + [None] * (c.n_layer - 2 * k) + tables
         rope = None
         if c.rope:
             n = T if positions is None else int(positions.max()) + 1
@@ -292,7 +328,7 @@ class ModernGPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             if c.unet_skips and i >= encoder:
                 x = x + self.skip_weights[i - encoder] * skips.pop()
-            x = block(x, rope, mask)
+            x = block(x, rope, mask, x0, ve[i])
             if c.unet_skips and i < encoder:
                 skips.append(x)
         return self.transformer.ln_f(x)
