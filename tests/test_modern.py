@@ -29,7 +29,13 @@ from lmpipe.eval import hellaswag
 from lmpipe.eval.suite import native
 from lmpipe.models import build_model, load_hf
 from lmpipe.models.modern import write_hf
-from lmpipe.models.modern.model import ModernGPT, apply_rotary, modern_config, rotary
+from lmpipe.models.modern.model import (
+    ModernGPT,
+    apply_rotary,
+    document_window_mask,
+    modern_config,
+    rotary,
+)
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES
 
@@ -193,6 +199,49 @@ def test_the_records_rows_together_equal_the_reference_and_round_trip(tmp_path):
         torch.testing.assert_close(load_hf(tmp_path)(idx)[0], logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match="value_embeddings 4: needs 2 x that many blocks, not 6"):
         build_model(dataclasses.replace(config, value_embeddings=4))
+
+
+def record_block_mask(inputs: torch.Tensor, window_blocks: int) -> torch.Tensor:
+    """The record's create_doc_swc_block_mask (records/010425_SoftCap/*.txt) made dense: a
+    128-block pair is kept when causal, in the window and possibly of one document
+    (`nonzero_bm`), and within kept blocks its mask_mod `document_causal` decides, token by
+    token. (T,) tokens in, (T, T) bool out."""
+    BLOCK_SIZE = 128
+    T = len(inputs)
+    docs = (inputs == 50256).cumsum(0)
+    docs_low, docs_high = docs.view(-1, BLOCK_SIZE)[:, 0], docs.view(-1, BLOCK_SIZE)[:, -1]
+    block_idx = torch.arange(T // BLOCK_SIZE)
+    q_blk, kv_blk = block_idx[:, None], block_idx
+    document_bm = (docs_low[:, None] <= docs_high) & (docs_low <= docs_high[:, None])
+    nonzero_bm = (q_blk >= kv_blk) & (q_blk - kv_blk < window_blocks) & document_bm
+    q_idx, kv_idx = torch.arange(T)[:, None], torch.arange(T)
+    document_causal = (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
+    return nonzero_bm.repeat_interleave(BLOCK_SIZE, 0).repeat_interleave(BLOCK_SIZE, 1) & (
+        document_causal
+    )
+
+
+def test_document_mask_and_window_are_the_records_block_mask():
+    """document_mask with attention_window 256 (2 blocks) on 512 tokens, documents of random
+    lengths: the mask equals the record's block mask made dense, row by row; the model's logits
+    equal those of the same model run on each window's documents alone (attention is all that
+    crosses tokens), checked on the first document; the settings off: causal."""
+    gen = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, 50000, (2, 512), generator=gen)
+    idx[0, [0, 70, 200, 201, 390]] = 50256
+    idx[1, [0, 300]] = 50256
+    mask = document_window_mask(idx, True, 256)
+    for row in range(2):
+        assert torch.equal(mask[row, 0], record_block_mask(idx[row], 2))
+    causal = torch.ones(512, 512).tril().bool()
+    assert torch.equal(document_window_mask(idx, False, None)[0, 0], causal)
+    shape = SHAPE | {"block_size": 512}
+    torch.manual_seed(0)
+    model = randomise(build_model(modern_config(**shape, document_mask=True))).eval()
+    with torch.no_grad():
+        whole = model(idx[:1])[0]
+        alone = model(idx[:1, 70:200])[0]  # the second document on its own
+    torch.testing.assert_close(whole[:, 70:200], alone, rtol=1e-4, atol=1e-4)
 
 
 # ---- each switch ---------------------------------------------------------------------------------
@@ -628,19 +677,21 @@ def test_half_truncated_rotary_is_the_records():
 
 def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
     """The keys added after embedded-modern was trained (rope_frequencies, qkv, unet_skips,
-    value_embeddings, embedding_mix): at their defaults the run's params hold none of them, so
-    Snakemake does not rerun it."""
+    value_embeddings, embedding_mix, document_mask, attention_window): at their defaults the
+    run's params hold none of them, so Snakemake does not rerun it."""
     config = schema.load_config(CONFIG_FILE)
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert params["model"]["arch"] == "modern"
-    added = {"rope_frequencies", "qkv", "unet_skips", "value_embeddings", "embedding_mix"}
+    added = {"rope_frequencies", "qkv", "unet_skips", "value_embeddings", "embedding_mix",
+             "document_mask", "attention_window"}  # fmt: skip
     assert not added & set(params["model"])
     model = config["models"][config["runs"]["embedded-modern"]["model"]]
     model |= {"rope_frequencies": "half_truncated", "qkv": "separate", "unet_skips": True,
-              "value_embeddings": 1, "embedding_mix": True}  # fmt: skip
+              "value_embeddings": 1, "embedding_mix": True, "document_mask": True,
+              "attention_window": 256}  # fmt: skip
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert [params["model"][k] for k in sorted(added)] == [
-        True, "separate", "half_truncated", True, 1,
+        256, True, True, "separate", "half_truncated", True, 1,
     ]  # fmt: skip
 
 

@@ -138,6 +138,17 @@ class ModernSettings:
         "each block's input mixed with the normed embedding x0: lambdas[0] x + lambdas[1] x0"
         " (learned, init 1, 0), as modded-nanogpt's 2025-01 records",
     )
+    document_mask: bool = setting(
+        False,
+        "attention within documents only: a document starts at each end-of-text token, as"
+        " modded-nanogpt's 2025-01 records (its document_causal)",
+    )
+    attention_window: int | None = optional(
+        "a sliding window of whole 128-token blocks: a query sees keys of the blocks less than"
+        " attention_window / 128 behind its own (the records' block-wise window; a multiple of"
+        " 128); null: none",
+        minimum=128, multipleOf=128,
+    )  # fmt: skip
     embed_init_std: float = setting(
         0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
         exclusiveMinimum=0,

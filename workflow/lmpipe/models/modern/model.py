@@ -28,7 +28,10 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   more token embeddings, table i mixed into the values of blocks i and n_layer - k + i as
   v = lambdas[0] v + lambdas[1] ve (learned scalars, init 0.5 each; the other blocks
   lambdas[0] v), and the embedding mix (`embedding_mix`, the record's `Block.lambdas`): each
-  block's input lambdas[0] x + lambdas[1] x0, x0 the normed embedding (init 1, 0).
+  block's input lambdas[0] x + lambdas[1] x0, x0 the normed embedding (init 1, 0);
+- optionally attention within documents (`document_mask`) and over a sliding window of
+  128-token blocks (`attention_window`), the records' FlexAttention block mask, here as SDPA's
+  boolean mask (`document_window_mask`).
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
@@ -51,6 +54,28 @@ from lmpipe.registry import ARCHITECTURES
 def modern_config(**fields) -> ModelConfig:
     """The config of a modern model (`arch: modern`): the shape and any settings by keyword."""
     return model_config({"arch": "modern", **fields}, "modern model")
+
+
+EOT = 50256  # GPT-2's end-of-text token: the shards put one before each document
+WINDOW_BLOCK = 128  # the records' FlexAttention block: the window counts whole blocks
+
+
+def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query t may attend key s: s <= t; with `document`, s in the
+    same document (a document starts at each EOT: the records' `docs = (inputs ==
+    50256).cumsum(0)`); with `window`, s's 128-token block less than window / 128 blocks behind
+    t's (the records' block-wise `q_idx - kv_idx < sliding_window_num_blocks`). SDPA's boolean
+    mask, on every device."""
+    T = idx.size(1)
+    t = torch.arange(T, device=idx.device)
+    allowed = (t[:, None] >= t[None, :])[None]  # (1, T, T)
+    if document:
+        docs = (idx == EOT).cumsum(1)  # (B, T)
+        allowed = allowed & (docs[:, :, None] == docs[:, None, :])
+    if window is not None:
+        blocks = t // WINDOW_BLOCK
+        allowed = allowed & (blocks[:, None] - blocks[None, :] < window // WINDOW_BLOCK)[None]
+    return allowed[:, None]
 
 
 class RMSNorm(nn.Module):
@@ -314,6 +339,8 @@ class ModernGPT(nn.Module):
             pos = torch.arange(T, device=idx.device) if positions is None else positions
             x = x + self.transformer.wpe(pos)
         x = x0 = self.transformer.ln_e(x)
+        if mask is None and positions is None and (c.document_mask or c.attention_window):
+            mask = document_window_mask(idx, c.document_mask, c.attention_window)
         k = c.value_embeddings  # tables 0..k-1 to blocks 0..k-1 and n_layer-k..n_layer-1
         tables = [table(idx) for table in self.value_embeds]
         ve = tables + [None] * (c.n_layer - 2 * k) + tables
