@@ -244,6 +244,29 @@ def test_document_mask_and_window_are_the_records_block_mask():
     torch.testing.assert_close(whole[:, 70:200], alone, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # flex_attention unfused on the CPU
+def test_flex_attention_under_the_records_mask_mod_equals_the_sdpa_mask():
+    """What a FlexAttention path on CUDA would compute: torch's flex_attention (eager, on the CPU
+    in torch 2.13) with the record's mask_mod (document_causal and the block window) equals
+    SDPA under document_window_mask, to float tolerance."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    gen = torch.Generator().manual_seed(8)
+    idx = torch.randint(0, 50000, (1, 512), generator=gen)
+    idx[0, [0, 90, 300]] = 50256
+    docs = (idx[0] == 50256).cumsum(0)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        window = q_idx // 128 - kv_idx // 128 < 2
+        return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx]) & window
+
+    block_mask = create_block_mask(mask_mod, None, None, 512, 512, device="cpu")
+    q, k, v = (torch.randn(1, 2, 512, 16, generator=gen) for _ in range(3))
+    flex = flex_attention(q, k, v, block_mask=block_mask)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=document_window_mask(idx, True, 256))
+    torch.testing.assert_close(flex, sdpa, rtol=1e-5, atol=1e-5)
+
+
 # ---- each switch ---------------------------------------------------------------------------------
 
 
