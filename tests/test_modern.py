@@ -35,6 +35,7 @@ from lmpipe.models.modern.model import (
     document_window_mask,
     modern_config,
     rotary,
+    window_at,
 )
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES
@@ -265,6 +266,54 @@ def test_flex_attention_under_the_records_mask_mod_equals_the_sdpa_mask():
     flex = flex_attention(q, k, v, block_mask=block_mask)
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=document_window_mask(idx, True, 256))
     torch.testing.assert_close(flex, sdpa, rtol=1e-5, atol=1e-5)
+
+
+def test_the_window_grows_as_the_records_schedule():
+    """attention_window 128 -> attention_window_final 1792 over training: at every step of the
+    record's 1390 the window is its get_sliding_window_blocks(it) blocks,
+    int(((1 - x) * 128 + x * 1856) // 128) with x = it / 1390; the model's mask follows the
+    progress the loop sets (1 block at the start, 2 at the end of a 128 -> 256 schedule)."""
+    c = modern_config(**SHAPE, attention_window=128, attention_window_final=1792)
+    for it in range(1391):
+        x = it / 1390
+        assert window_at(c, x) == 128 * int(((1 - x) * 128 + x * 1856) // 128), it
+    shape = SHAPE | {"block_size": 256}
+    torch.manual_seed(0)
+    model = build_model(modern_config(**shape, attention_window=128, attention_window_final=256))
+    model = randomise(model).eval()
+    assert model.progress == 1.0  # a trained model: the final window
+    idx = torch.randint(0, 50000, (1, 256), generator=torch.Generator().manual_seed(9))
+    logits = {}
+    for progress, window in ((0.0, 128), (1.0, 256)):
+        model.progress = progress
+        with torch.no_grad():
+            logits[progress] = model(idx)[0]
+            fixed = {"attention_window": window, "attention_window_final": None}
+            alone = build_model(dataclasses.replace(model.config, **fixed))
+            alone.load_state_dict(model.state_dict())
+            torch.testing.assert_close(logits[progress], alone.eval()(idx)[0], rtol=0, atol=0)
+    assert not torch.allclose(logits[0.0][:, 128:], logits[1.0][:, 128:])
+
+
+def test_the_loop_sets_the_windows_progress_each_step(tmp_path, monkeypatch):
+    """The training loop gives the model its progress (step / max_steps) before each step's
+    forwards and each validation (the real loop, one rank)."""
+    from test_optim import MODEL, tiny_data, train_in_process, train_job
+
+    from lmpipe.models.modern import model as modern_model
+
+    seen = []
+
+    def recording(config, progress):
+        seen.append(progress)
+        return window_at(config, progress)
+
+    monkeypatch.setattr(modern_model, "window_at", recording)
+    model = MODEL | {"arch": "modern", "attention_window": 128, "attention_window_final": 256}
+    job = dataclasses.replace(train_job(), model=modern_config(**model))
+    train_in_process(job, tiny_data(tmp_path), tmp_path / "out")
+    # validation at step 0 (2 batches), then 4 steps of 2 micro-steps, then validation at 4
+    assert seen == [0.0] * 4 + [0.25] * 2 + [0.5] * 2 + [0.75] * 2 + [1.0] * 2
 
 
 # ---- each switch ---------------------------------------------------------------------------------
@@ -706,15 +755,15 @@ def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert params["model"]["arch"] == "modern"
     added = {"rope_frequencies", "qkv", "unet_skips", "value_embeddings", "embedding_mix",
-             "document_mask", "attention_window"}  # fmt: skip
+             "document_mask", "attention_window", "attention_window_final"}  # fmt: skip
     assert not added & set(params["model"])
     model = config["models"][config["runs"]["embedded-modern"]["model"]]
     model |= {"rope_frequencies": "half_truncated", "qkv": "separate", "unet_skips": True,
               "value_embeddings": 1, "embedding_mix": True, "document_mask": True,
-              "attention_window": 256}  # fmt: skip
+              "attention_window": 256, "attention_window_final": 512}  # fmt: skip
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert [params["model"][k] for k in sorted(added)] == [
-        256, True, True, "separate", "half_truncated", True, 1,
+        256, 512, True, True, "separate", "half_truncated", True, 1,
     ]  # fmt: skip
 
 

@@ -643,7 +643,7 @@ ADDED_OPTIMIZER_KEYS = {
 ADDED_MODEL_KEYS: dict[str, Any] = {
     "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02, "qkv": "fused",
     "unet_skips": False, "value_embeddings": 0, "embedding_mix": False,
-    "document_mask": False, "attention_window": None,
+    "document_mask": False, "attention_window": None, "attention_window_final": None,
 }  # fmt: skip
 
 

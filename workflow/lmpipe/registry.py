@@ -149,6 +149,12 @@ class ModernSettings:
         " 128); null: none",
         minimum=128, multipleOf=128,
     )  # fmt: skip
+    attention_window_final: int | None = optional(
+        "the window at the end of training: it grows from attention_window by whole blocks, the"
+        " records' int(((1 - x) 128 + x 1856) // 128) blocks at progress x for 128 -> 1792;"
+        " null: fixed",
+        minimum=128, multipleOf=128,
+    )  # fmt: skip
     embed_init_std: float = setting(
         0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
         exclusiveMinimum=0,

@@ -78,6 +78,18 @@ def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) 
     return allowed[:, None]
 
 
+def window_at(config: ModelConfig, progress: float) -> int | None:
+    """The attention window (tokens) at training progress x in [0, 1]: attention_window, growing
+    to attention_window_final in whole blocks as the records' get_sliding_window_blocks,
+    int(((1 - x) 128 + x 1856) // 128) for 128 -> 1792 (its end + half a block: the last block
+    reached at x = 1)."""
+    start, end = config.attention_window, config.attention_window_final
+    if start is None or end is None:
+        return start
+    x = min(max(progress, 0.0), 1.0)
+    return int(((1 - x) * start + x * (end + WINDOW_BLOCK // 2)) // WINDOW_BLOCK) * WINDOW_BLOCK
+
+
 class RMSNorm(nn.Module):
     """RMS normalisation over the last dimension, without weights (modded-nanogpt's `norm`)."""
 
@@ -259,6 +271,9 @@ class ModernGPT(nn.Module):
         # as GPT-2's: fine-tuning runs the head on counted positions only; on a GPU the training
         # loss multiplies by the whole padded weight (aligned GEMM tiles)
         self.head_on_counted_only = False
+        # the training's progress, which the loop sets each step (attention_window_final); the
+        # trained model's window is the final one
+        self.progress = 1.0
         self.padded_head_matmul = False
         self.init_weights()
 
@@ -340,7 +355,8 @@ class ModernGPT(nn.Module):
             x = x + self.transformer.wpe(pos)
         x = x0 = self.transformer.ln_e(x)
         if mask is None and positions is None and (c.document_mask or c.attention_window):
-            mask = document_window_mask(idx, c.document_mask, c.attention_window)
+            window = window_at(c, self.progress)
+            mask = document_window_mask(idx, c.document_mask, window)
         k = c.value_embeddings  # tables 0..k-1 to blocks 0..k-1 and n_layer-k..n_layer-1
         tables = [table(idx) for table in self.value_embeds]
         ve = tables + [None] * (c.n_layer - 2 * k) + tables
