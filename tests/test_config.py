@@ -349,15 +349,16 @@ def test_one_gres_builder_for_the_train_rule_and_the_derived_resources():
 
 
 def test_muons_momentum_warmup_is_in_a_runs_params_and_hash_only_when_on():
-    """embedded-modern (Muon) trained before the warmup existed: at its default (0) its params
-    and its trajectory's hash are what they were, so it neither reruns nor restarts."""
+    """embedded-modern (Muon) trained before the warmup (and scalar_lr) existed: at their defaults
+    its params and its trajectory's hash are what they were, so it neither reruns nor restarts."""
     from lmpipe.config import TrainJob
     from lmpipe.train.loop import Task, trajectory_hash
 
     config = schema.load_config(CONFIG)
     off = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert off["train"]["optimizer"]["name"] == "muon"
-    assert not {"momentum_warmup_steps", "momentum_start"} & off["train"]["optimizer"].keys()
+    added = {"momentum_warmup_steps", "momentum_start", "scalar_lr"}
+    assert not added & off["train"]["optimizer"].keys()
     config["runs"]["embedded-modern"]["train"]["optimizer"]["momentum_warmup_steps"] = 300
     on = json.loads(lmconfig.train_params(config, "embedded-modern"))
     assert on["train"]["optimizer"]["momentum_warmup_steps"] == 300
@@ -367,7 +368,7 @@ def test_muons_momentum_warmup_is_in_a_runs_params_and_hash_only_when_on():
         return trajectory_hash(job, Task(job.train, None, [], "data"), 2)
 
     before = copy.deepcopy(off)
-    for key in ("momentum_warmup_steps", "momentum_start"):  # as the schema fills them in
+    for key in added:  # as the schema fills them in
         before["train"]["optimizer"][key] = lmconfig.ADDED_OPTIMIZER_KEYS[key]
     assert digest(before) == digest(off) != digest(on)
 
@@ -387,7 +388,9 @@ def test_the_speedrun_presets_optimizer_is_its_records():
     assert (t.max_steps, t.batch_tokens, t.grad_clip) == (1390, 8 * 64 * 1024, 0.0)
     assert t.schedule.cooldown_steps == round(0.4 * 1390) and t.schedule.warmup_steps == 0
     # its GPT(num_layers=12, num_heads=6, model_dim=768): half-truncated rotary, no attention
-    # in blocks.7
+    # in blocks.7, and its CausalSelfAttention's c_q, c_k, c_v apart
     m = rc.model
     assert (m.n_layer, m.n_head, m.n_embd) == (12, 6, 768)
     assert (m.rope_frequencies, tuple(m.no_attention)) == ("half_truncated", (7,))
+    assert (m.qkv, m.unet_skips, o.scalar_lr) == ("separate", True, 0.04)  # its skip_weights
+    assert (m.value_embeddings, m.embedding_mix) == (3, True)  # ValueEmbedding, Block.lambdas

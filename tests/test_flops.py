@@ -14,12 +14,13 @@ from lmpipe.registry import ARCHITECTURES
 
 def counted_flops_per_token(model: torch.nn.Module, seq_len: int) -> int:
     """llm.c's 6N + 6LCT with N counted from the module: every parameter once (a tied weight
-    is one), less an untied token embedding, which is a lookup and takes no matmul; L the
+    is one), less an untied token embedding and value embeddings, lookups that take no matmul; L the
     blocks that hold attention."""
     n = sum(p.numel() for p in model.parameters())
     wte = model.transformer.wte.weight
     if model.lm_head.weight is not wte:
         n -= wte.numel()
+    n -= sum(t.weight.numel() for t in getattr(model, "value_embeds", []))  # lookups too
     layers = sum(1 for block in model.transformer.h if block.attn is not None)
     return 6 * n + 6 * layers * model.config.n_embd * seq_len
 

@@ -29,7 +29,14 @@ from lmpipe.eval import hellaswag
 from lmpipe.eval.suite import native
 from lmpipe.models import build_model, load_hf
 from lmpipe.models.modern import write_hf
-from lmpipe.models.modern.model import ModernGPT, apply_rotary, modern_config, rotary
+from lmpipe.models.modern.model import (
+    ModernGPT,
+    apply_rotary,
+    document_window_mask,
+    modern_config,
+    rotary,
+    window_at,
+)
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES
 
@@ -66,7 +73,12 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
     B, T = idx.shape
     C, H = c.n_embd, c.n_head
     hs = C // H
-    x = rms(state["transformer.wte.weight"][idx])
+    x = x0 = rms(state["transformer.wte.weight"][idx])
+    k = getattr(
+        c, "value_embeddings", 0
+    )  # the record's ValueEmbedding: [0, 1, 2, None..., 0, 1, 2]
+    ve = [state[f"value_embeds.{j}.weight"][idx] for j in range(k)]
+    ve = ve + [None] * (c.n_layer - 2 * k) + ve
     angles = torch.arange(T)[:, None] * c.rope_base ** (-torch.arange(0, hs, 2) / hs)  # (T, hs/2)
     turn = torch.polar(torch.ones_like(angles), -angles)  # e^{-i theta}
 
@@ -75,10 +87,27 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
         return torch.cat([z.real, z.imag], dim=-1)
 
     mask = torch.ones(T, T).tril().bool()
+    skips = []  # the record's GPT.forward: encoder outputs kept, popped into the decoder
     for i in range(c.n_layer):
         p = f"transformer.h.{i}."
-        q, k, v = (rms(x) @ state[p + "attn.c_attn.weight"].T).split(C, dim=-1)
+        if "skip_weights" in state and i >= c.n_layer // 2:
+            x = x + state["skip_weights"][i - c.n_layer // 2] * skips.pop()
+        if p + "lambdas" in state:  # the record's Block.forward
+            x = state[p + "lambdas"][0] * x + state[p + "lambdas"][1] * x0
+        if i in c.no_attention:  # the record's Block with attn None: the MLP alone
+            h = torch.relu(rms(x) @ state[p + "mlp.c_fc.weight"].T).pow(2)
+            x = x + h @ state[p + "mlp.c_proj.weight"].T
+            if "skip_weights" in state and i < c.n_layer // 2:
+                skips.append(x)
+            continue
+        if p + "attn.c_q.weight" in state:  # the record's CausalSelfAttention: c_q, c_k, c_v
+            q, k, v = (rms(x) @ state[p + f"attn.c_{n}.weight"].T for n in "qkv")
+        else:
+            q, k, v = (rms(x) @ state[p + "attn.c_attn.weight"].T).split(C, dim=-1)
         q, k, v = (t.reshape(B, T, H, hs) for t in (q, k, v))
+        if p + "attn.lambdas" in state:  # the record's CausalSelfAttention.forward
+            lam = state[p + "attn.lambdas"]
+            v = lam[0] * v + (0 if ve[i] is None else lam[1] * ve[i].reshape(B, T, H, hs))
         q, k = rotate(rms(q)), rotate(rms(k))
         att = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(hs)
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
@@ -86,6 +115,8 @@ def reference_logits(state: dict, c, idx: torch.Tensor) -> torch.Tensor:
         x = x + y @ state[p + "attn.c_proj.weight"].T
         h = torch.relu(rms(x) @ state[p + "mlp.c_fc.weight"].T).pow(2)
         x = x + h @ state[p + "mlp.c_proj.weight"].T
+        if "skip_weights" in state and i < c.n_layer // 2:
+            skips.append(x)
     logits = rms(x) @ state["lm_head.weight"][: c.vocab_size].T
     return 15.0 * torch.tanh(logits / 15.0)
 
@@ -101,6 +132,188 @@ def test_logits_equal_the_reference():
     assert logits.abs().max() < 15.0 and logits.abs().max() > 5.0  # the cap is reached
     ce = F.cross_entropy(expected[:, :-1].reshape(-1, 50257), idx[:, 1:].reshape(-1))
     torch.testing.assert_close(loss, ce, rtol=1e-5, atol=1e-5)  # the training loss is capped too
+
+
+def test_separate_qkv_logits_equal_the_reference_and_round_trip(tmp_path):
+    """qkv separate: c_q, c_k, c_v (no c_attn) as the record's attention; the same parameter
+    count, logits equal to the reference's, and the native folder gives them back."""
+    model = randomise(tiny(qkv="separate")).eval()
+    names = dict(model.named_parameters())
+    assert "transformer.h.0.attn.c_q.weight" in names and not any("c_attn" in n for n in names)
+    assert names["transformer.h.1.attn.c_v.weight"].shape == (32, 32)
+    assert model.num_params() == ARCHITECTURES["modern"].num_params(model.config)
+    idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected = reference_logits(model.state_dict(), model.config, idx)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    write_hf(model, TOKENIZER, tmp_path, {})
+    back = load_hf(tmp_path)
+    assert back.config.qkv == "separate"
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx)[0], logits, rtol=0, atol=0)
+
+
+def test_unet_skips_logits_equal_the_reference_and_round_trip(tmp_path):
+    """unet_skips on 4 blocks: skip_weights (2, init 1) added back as the record's GPT.forward
+    does (block 2 gets block 1's output, block 3 block 0's), logits equal to the reference's,
+    the parameter count, and the native folder gives them back; an odd n_layer is refused."""
+    torch.manual_seed(0)
+    model = build_model(modern_config(**SHAPE | {"n_layer": 4}, unet_skips=True))
+    assert torch.equal(model.skip_weights.detach(), torch.ones(2))
+    model = randomise(model).eval()
+    assert model.num_params() == ARCHITECTURES["modern"].num_params(model.config)
+    idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected = reference_logits(model.state_dict(), model.config, idx)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    write_hf(model, TOKENIZER, tmp_path, {})
+    with torch.no_grad():
+        torch.testing.assert_close(load_hf(tmp_path)(idx)[0], logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unet_skips needs an even n_layer, not 3"):
+        build_model(modern_config(**SHAPE | {"n_layer": 3}, unet_skips=True))
+
+
+def test_the_records_rows_together_equal_the_reference_and_round_trip(tmp_path):
+    """qkv separate, unet_skips, value_embeddings 1 (block 0 and 5 its table, the others v
+    scaled alone), embedding_mix, a block without attention, on 6 blocks with every scalar
+    random: logits equal to the reference's (the record's GPT.forward written out), the init of
+    the scalars the record's, the parameter count, and the native folder round trip."""
+    config = modern_config(**SHAPE | {"n_layer": 6}, qkv="separate", unet_skips=True,
+                           value_embeddings=1, embedding_mix=True, no_attention=[2],
+                           embed_init_std=1.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(config)
+    assert torch.equal(model.transformer.h[0].lambdas.detach(), torch.tensor([1.0, 0.0]))
+    assert torch.equal(model.transformer.h[0].attn.lambdas.detach(), torch.tensor([0.5, 0.5]))
+    assert model.value_embeds[0].weight.std() > 0.9  # nn.Embedding's N(0, 1), as wte's
+    assert model.num_params() == ARCHITECTURES["modern"].num_params(config)
+    model = randomise(model).eval()
+    idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        expected = reference_logits(model.state_dict(), config, idx)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+    write_hf(model, TOKENIZER, tmp_path, {})
+    with torch.no_grad():
+        torch.testing.assert_close(load_hf(tmp_path)(idx)[0], logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="value_embeddings 4: needs 2 x that many blocks, not 6"):
+        build_model(dataclasses.replace(config, value_embeddings=4))
+
+
+def record_block_mask(inputs: torch.Tensor, window_blocks: int) -> torch.Tensor:
+    """The record's create_doc_swc_block_mask (records/010425_SoftCap/*.txt) made dense: a
+    128-block pair is kept when causal, in the window and possibly of one document
+    (`nonzero_bm`), and within kept blocks its mask_mod `document_causal` decides, token by
+    token. (T,) tokens in, (T, T) bool out."""
+    BLOCK_SIZE = 128
+    T = len(inputs)
+    docs = (inputs == 50256).cumsum(0)
+    docs_low, docs_high = docs.view(-1, BLOCK_SIZE)[:, 0], docs.view(-1, BLOCK_SIZE)[:, -1]
+    block_idx = torch.arange(T // BLOCK_SIZE)
+    q_blk, kv_blk = block_idx[:, None], block_idx
+    document_bm = (docs_low[:, None] <= docs_high) & (docs_low <= docs_high[:, None])
+    nonzero_bm = (q_blk >= kv_blk) & (q_blk - kv_blk < window_blocks) & document_bm
+    q_idx, kv_idx = torch.arange(T)[:, None], torch.arange(T)
+    document_causal = (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx])
+    return nonzero_bm.repeat_interleave(BLOCK_SIZE, 0).repeat_interleave(BLOCK_SIZE, 1) & (
+        document_causal
+    )
+
+
+def test_document_mask_and_window_are_the_records_block_mask():
+    """document_mask with attention_window 256 (2 blocks) on 512 tokens, documents of random
+    lengths: the mask equals the record's block mask made dense, row by row; the model's logits
+    equal those of the same model run on each window's documents alone (attention is all that
+    crosses tokens), checked on the first document; the settings off: causal."""
+    gen = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, 50000, (2, 512), generator=gen)
+    idx[0, [0, 70, 200, 201, 390]] = 50256
+    idx[1, [0, 300]] = 50256
+    mask = document_window_mask(idx, True, 256)
+    for row in range(2):
+        assert torch.equal(mask[row, 0], record_block_mask(idx[row], 2))
+    causal = torch.ones(512, 512).tril().bool()
+    assert torch.equal(document_window_mask(idx, False, None)[0, 0], causal)
+    shape = SHAPE | {"block_size": 512}
+    torch.manual_seed(0)
+    model = randomise(build_model(modern_config(**shape, document_mask=True))).eval()
+    with torch.no_grad():
+        whole = model(idx[:1])[0]
+        alone = model(idx[:1, 70:200])[0]  # the second document on its own
+    torch.testing.assert_close(whole[:, 70:200], alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # flex_attention unfused on the CPU
+def test_flex_attention_under_the_records_mask_mod_equals_the_sdpa_mask():
+    """What a FlexAttention path on CUDA would compute: torch's flex_attention (eager, on the CPU
+    in torch 2.13) with the record's mask_mod (document_causal and the block window) equals
+    SDPA under document_window_mask, to float tolerance."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    gen = torch.Generator().manual_seed(8)
+    idx = torch.randint(0, 50000, (1, 512), generator=gen)
+    idx[0, [0, 90, 300]] = 50256
+    docs = (idx[0] == 50256).cumsum(0)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        window = q_idx // 128 - kv_idx // 128 < 2
+        return (q_idx >= kv_idx) & (docs[q_idx] == docs[kv_idx]) & window
+
+    block_mask = create_block_mask(mask_mod, None, None, 512, 512, device="cpu")
+    q, k, v = (torch.randn(1, 2, 512, 16, generator=gen) for _ in range(3))
+    flex = flex_attention(q, k, v, block_mask=block_mask)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=document_window_mask(idx, True, 256))
+    torch.testing.assert_close(flex, sdpa, rtol=1e-5, atol=1e-5)
+
+
+def test_the_window_grows_as_the_records_schedule():
+    """attention_window 128 -> attention_window_final 1792 over training: at every step of the
+    record's 1390 the window is its get_sliding_window_blocks(it) blocks,
+    int(((1 - x) * 128 + x * 1856) // 128) with x = it / 1390; the model's mask follows the
+    progress the loop sets (1 block at the start, 2 at the end of a 128 -> 256 schedule)."""
+    c = modern_config(**SHAPE, attention_window=128, attention_window_final=1792)
+    for it in range(1391):
+        x = it / 1390
+        assert window_at(c, x) == 128 * int(((1 - x) * 128 + x * 1856) // 128), it
+    shape = SHAPE | {"block_size": 256}
+    torch.manual_seed(0)
+    model = build_model(modern_config(**shape, attention_window=128, attention_window_final=256))
+    model = randomise(model).eval()
+    assert model.progress == 1.0  # a trained model: the final window
+    idx = torch.randint(0, 50000, (1, 256), generator=torch.Generator().manual_seed(9))
+    logits = {}
+    for progress, window in ((0.0, 128), (1.0, 256)):
+        model.progress = progress
+        with torch.no_grad():
+            logits[progress] = model(idx)[0]
+            fixed = {"attention_window": window, "attention_window_final": None}
+            alone = build_model(dataclasses.replace(model.config, **fixed))
+            alone.load_state_dict(model.state_dict())
+            torch.testing.assert_close(logits[progress], alone.eval()(idx)[0], rtol=0, atol=0)
+    assert not torch.allclose(logits[0.0][:, 128:], logits[1.0][:, 128:])
+
+
+def test_the_loop_sets_the_windows_progress_each_step(tmp_path, monkeypatch):
+    """The training loop gives the model its progress (step / max_steps) before each step's
+    forwards and each validation (the real loop, one rank)."""
+    from test_optim import MODEL, tiny_data, train_in_process, train_job
+
+    from lmpipe.models.modern import model as modern_model
+
+    seen = []
+
+    def recording(config, progress):
+        seen.append(progress)
+        return window_at(config, progress)
+
+    monkeypatch.setattr(modern_model, "window_at", recording)
+    model = MODEL | {"arch": "modern", "attention_window": 128, "attention_window_final": 256}
+    job = dataclasses.replace(train_job(), model=modern_config(**model))
+    train_in_process(job, tiny_data(tmp_path), tmp_path / "out")
+    # validation at step 0 (2 batches), then 4 steps of 2 micro-steps, then validation at 4
+    assert seen == [0.0] * 4 + [0.25] * 2 + [0.5] * 2 + [0.75] * 2 + [1.0] * 2
 
 
 # ---- each switch ---------------------------------------------------------------------------------
@@ -535,16 +748,23 @@ def test_half_truncated_rotary_is_the_records():
 
 
 def test_a_model_key_at_its_default_leaves_a_runs_params_as_they_were():
-    """rope_frequencies came after embedded-modern was trained: at its default ("all") the run's
-    params hold no such key, so Snakemake does not rerun it."""
+    """The keys added after embedded-modern was trained (rope_frequencies, qkv, unet_skips,
+    value_embeddings, embedding_mix, document_mask, attention_window): at their defaults the
+    run's params hold none of them, so Snakemake does not rerun it."""
     config = schema.load_config(CONFIG_FILE)
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
-    assert params["model"]["arch"] == "modern" and "rope_frequencies" not in params["model"]
-    config["models"][config["runs"]["embedded-modern"]["model"]]["rope_frequencies"] = (
-        "half_truncated"
-    )
+    assert params["model"]["arch"] == "modern"
+    added = {"rope_frequencies", "qkv", "unet_skips", "value_embeddings", "embedding_mix",
+             "document_mask", "attention_window", "attention_window_final"}  # fmt: skip
+    assert not added & set(params["model"])
+    model = config["models"][config["runs"]["embedded-modern"]["model"]]
+    model |= {"rope_frequencies": "half_truncated", "qkv": "separate", "unet_skips": True,
+              "value_embeddings": 1, "embedding_mix": True, "document_mask": True,
+              "attention_window": 256, "attention_window_final": 512}  # fmt: skip
     params = json.loads(lmconfig.train_params(config, "embedded-modern"))
-    assert params["model"]["rope_frequencies"] == "half_truncated"
+    assert [params["model"][k] for k in sorted(added)] == [
+        256, 512, True, True, "separate", "half_truncated", True, 1,
+    ]  # fmt: skip
 
 
 def test_a_block_without_attention_is_the_records():

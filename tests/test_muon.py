@@ -121,6 +121,69 @@ def test_the_momentum_warmup_is_the_records():
     assert int(opt.state[p].get("step", -1)) == -1  # no warmup: torch.optim.Muon's state only
 
 
+def test_separate_qkv_orthogonalises_each_projection_alone():
+    """qkv separate (the record's c_q, c_k, c_v): one Muon step moves each of the three as the
+    record's Muon moves that matrix alone (record_muon_steps, one step at momentum 0.85); the
+    fused c_attn, orthogonalised as one 3C x C matrix, does not land there."""
+    gen = torch.Generator().manual_seed(7)
+    w0, grad = torch.randn(96, 32, generator=gen), torch.randn(96, 32, generator=gen)
+    shape = SHAPE | {"vocab_size": 256, "padded_vocab_size": 256}
+    s = settings(lr=0.05, momentum=0.85, weight_decay=0.0, ns_dtype="float32")
+    moved = {}
+    for qkv in ("separate", "fused"):
+        model = build_model(lmconfig.model_class("modern")(**shape, qkv=qkv))
+        attn = model.transformer.h[0].attn
+        parts = (attn.c_q, attn.c_k, attn.c_v) if qkv == "separate" else (attn.c_attn,)
+        rows = 96 // len(parts)
+        opt = build_optimizer(model, s)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        with torch.no_grad():
+            for i, lin in enumerate(parts):
+                lin.weight.copy_(w0[rows * i : rows * (i + 1)])
+                lin.weight.grad = grad[rows * i : rows * (i + 1)].clone()
+        opt.step()
+        moved[qkv] = torch.cat([lin.weight.detach() for lin in parts])
+    expected = torch.cat(
+        [record_muon_steps(w0[32 * i : 32 * (i + 1)], [grad[32 * i : 32 * (i + 1)]], lr=0.05)
+         for i in range(3)]
+    )  # fmt: skip
+    torch.testing.assert_close(moved["separate"], expected, rtol=0, atol=1e-5)
+    assert (moved["fused"] - expected).abs().max() > 1e-2
+
+
+def test_the_scalars_at_their_own_lr_as_the_records():
+    """The record's `dict(params=scalar_params, lr=0.04)` (scalar_params: its parameters of
+    ndim < 2): with scalar_lr, the U-net's skip weights (1-D) in AdamW's undecayed group at it;
+    without, at adam_lr."""
+    shape = SHAPE | {"n_layer": 4, "vocab_size": 256, "padded_vocab_size": 256}
+    model = build_model(lmconfig.model_class("modern")(**shape, unet_skips=True))
+    for scalar_lr, lr in ((0.04, 0.04), (None, 0.008)):
+        opt = build_optimizer(model, settings(adam_lr=0.008, scalar_lr=scalar_lr))
+        (group,) = [
+            g for g in opt.param_groups if any(p is model.skip_weights for p in g["params"])
+        ]
+        assert (group["kind"], group["lr"], group["weight_decay"]) == ("adamw", lr, 0.0)
+
+
+def test_the_value_embeddings_at_the_embeddings_lr_as_the_records():
+    """The record's `embed_params = [model.embed.weight, *model.value_embeds.parameters()]` at
+    lr 0.6: with embed_lr, the value embeddings in the token embedding's group; the value and
+    embedding mixes (1-D) at scalar_lr; Muon's matrices unchanged."""
+    shape = SHAPE | {"n_layer": 4, "vocab_size": 256, "padded_vocab_size": 256}
+    model = build_model(
+        lmconfig.model_class("modern")(**shape, value_embeddings=2, embedding_mix=True)
+    )
+    opt = build_optimizer(model, settings(adam_lr=0.008, embed_lr=0.6, scalar_lr=0.04))
+    names = {id(p): n for n, p in model.named_parameters()}
+    got = {(g["kind"], g["lr"]): {names[id(p)] for p in g["params"]} for g in opt.param_groups}
+    assert got[("adamw", 0.6)] == {"transformer.wte.weight", "value_embeds.0.weight",
+                                   "value_embeds.1.weight"}  # fmt: skip
+    lambdas = {f"transformer.h.{i}.{m}lambdas" for i in range(4) for m in ("", "attn.")}
+    assert got[("adamw", 0.04)] == lambdas
+    assert len(got[("muon", 0.02)]) == 4 * 4
+
+
 def test_the_momentum_warmup_resumes_where_it_was():
     """The step count is in the optimizer's state: a new optimizer loaded from it after 2 steps
     continues the ramp (its state dict is what the checkpoint keeps)."""
@@ -189,16 +252,20 @@ def test_muon_gets_the_blocks_matrices_and_adamw_the_rest(gpt2):
     assert sum(len(g["params"]) for g in opt.param_groups) == len(names)
 
 
-@pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_the_registry_counts_the_models_muon_matrices(arch):
+@pytest.mark.parametrize(
+    "arch, extra, per_layer",
+    [(a, {}, 4) for a in ARCHITECTURES] + [("modern", {"qkv": "separate"}, 6)],
+    ids=[*ARCHITECTURES, "modern-separate-qkv"],
+)
+def test_the_registry_counts_the_models_muon_matrices(arch, extra, per_layer):
     """ARCHITECTURES' hidden_matrices (what the config check refuses muon on) counts the 2-D
     weights of the model's blocks, for 1 to 3 layers, for every architecture."""
     count = ARCHITECTURES[arch].hidden_matrices
     for n_layer in (1, 2, 3):
         shape = SHAPE | {"n_layer": n_layer, "vocab_size": 256, "padded_vocab_size": 256}
-        m = build_model(lmconfig.model_class(arch)(**shape))
+        m = build_model(lmconfig.model_class(arch)(**shape, **extra))
         held = [p for b in m.blocks() for p in b.parameters() if p.dim() == 2]
-        assert count(m.config) == len(held) == 4 * n_layer
+        assert count(m.config) == len(held) == per_layer * n_layer
 
 
 def test_a_model_without_block_matrices_is_refused_by_the_job():

@@ -637,9 +637,13 @@ ADDED_TRAIN_KEYS = {
     "activation_checkpointing": "none",
 }
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
-ADDED_OPTIMIZER_KEYS = {"momentum_warmup_steps": 0, "momentum_start": 0.85, "embed_lr": None}
+ADDED_OPTIMIZER_KEYS = {
+    "momentum_warmup_steps": 0, "momentum_start": 0.85, "embed_lr": None, "scalar_lr": None,
+}  # fmt: skip
 ADDED_MODEL_KEYS: dict[str, Any] = {
-    "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02,
+    "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02, "qkv": "fused",
+    "unet_skips": False, "value_embeddings": 0, "embedding_mix": False,
+    "document_mask": False, "attention_window": None, "attention_window_final": None,
 }  # fmt: skip
 
 

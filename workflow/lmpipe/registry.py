@@ -115,6 +115,46 @@ class ModernSettings:
     no_attention: tuple[int, ...] = setting(
         (), "blocks without attention, by index (modded-nanogpt's 2025-01 records: [7])"
     )
+    qkv: str = setting(
+        "fused",
+        "fused: one 3C x C c_attn, orthogonalised by Muon as one matrix; separate: c_q, c_k, c_v,"
+        " C x C each, each orthogonalised alone (modded-nanogpt's 2025-01 records)",
+        enum=["fused", "separate"],
+    )
+    unet_skips: bool = setting(
+        False,
+        "U-net skips: block n_layer/2 + i adds skip_weights[i] (learned, init 1) times the output"
+        " of block n_layer/2 - 1 - i (modded-nanogpt's 2025-01 records); needs an even n_layer",
+    )
+    value_embeddings: int = setting(
+        0,
+        "k token embeddings of values: blocks 0..k-1 and the last k mix table i into their"
+        " values, v = lambdas[0] v + lambdas[1] ve (learned, init 0.5, 0.5; the other blocks"
+        " lambdas[0] v), as modded-nanogpt's 2025-01 records (3); needs 2k <= n_layer",
+        minimum=0,
+    )
+    embedding_mix: bool = setting(
+        False,
+        "each block's input mixed with the normed embedding x0: lambdas[0] x + lambdas[1] x0"
+        " (learned, init 1, 0), as modded-nanogpt's 2025-01 records",
+    )
+    document_mask: bool = setting(
+        False,
+        "attention within documents only: a document starts at each end-of-text token, as"
+        " modded-nanogpt's 2025-01 records (its document_causal)",
+    )
+    attention_window: int | None = optional(
+        "a sliding window of whole 128-token blocks: a query sees keys of the blocks less than"
+        " attention_window / 128 behind its own (the records' block-wise window; a multiple of"
+        " 128); null: none",
+        minimum=128, multipleOf=128,
+    )  # fmt: skip
+    attention_window_final: int | None = optional(
+        "the window at the end of training: it grows from attention_window by whole blocks, the"
+        " records' int(((1 - x) 128 + x 1856) // 128) blocks at progress x for 128 -> 1792;"
+        " null: fixed",
+        minimum=128, multipleOf=128,
+    )  # fmt: skip
     embed_init_std: float = setting(
         0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
         exclusiveMinimum=0,
@@ -126,6 +166,25 @@ def attention_layers(m: Any) -> int:
     return m.n_layer - len(set(getattr(m, "no_attention", ())))
 
 
+def attention_matrices(m: Any) -> int:
+    """A modern block's attention matrices: c_attn (or c_q, c_k, c_v with `qkv: separate`) and
+    c_proj. The parameters are the same either way (3C^2)."""
+    return 4 if getattr(m, "qkv", "fused") == "separate" else 2
+
+
+def modern_scalars(m: Any) -> int:
+    """The modern model's learned scalars: the U-net's skip weights, one a decoder block; the
+    value mix, 2 an attention block with value embeddings; the embedding mix, 2 a block."""
+    skips = m.n_layer - m.n_layer // 2 if getattr(m, "unet_skips", False) else 0
+    values = 2 * attention_layers(m) if getattr(m, "value_embeddings", 0) else 0
+    return skips + values + (2 * m.n_layer if getattr(m, "embedding_mix", False) else 0)
+
+
+def value_embedding_params(m: Any) -> int:
+    """The value embeddings' parameters: k tables of the padded vocabulary (lookups)."""
+    return getattr(m, "value_embeddings", 0) * m.padded_vocab_size * m.n_embd
+
+
 def modern_params(m: Any) -> int:
     """The modern model's parameters: token embedding (padded vocab), learned positions without
     rope, L blocks of an MLP (8C^2, with `bias` 5C) and, but in `no_attention`, attention
@@ -134,18 +193,21 @@ def modern_params(m: Any) -> int:
     C, V = m.n_embd, m.padded_vocab_size
     norm = 0 if m.norm == "rmsnorm" else C * (2 if m.bias else 1)  # a norm's parameters
     mlp = 8 * C * C + (5 * C if m.bias else 0) + norm  # c_fc, c_proj, their norm
-    attention = 4 * C * C + (4 * C if m.bias else 0) + norm  # c_attn, c_proj, their norm
+    attention = 4 * C * C + (4 * C if m.bias else 0) + norm  # c_attn (or c_q, c_k, c_v), c_proj
     head = 0 if m.tie_embeddings else V * C
     positions = 0 if m.rope else m.block_size * C
     blocks = m.n_layer * mlp + attention_layers(m) * attention
-    return V * C + positions + blocks + 2 * norm + head
+    return (
+        V * C + positions + blocks + 2 * norm + head + modern_scalars(m) + value_embedding_params(m)
+    )
 
 
 def modern_flops_params(m: Any) -> int:
     """The modern model's N for its FLOPs: its parameters less an untied token embedding (a
     lookup, no matmul; tied, it is the head, and counts). Learned positions count, as llm.c
     counts GPT-2's."""
-    return modern_params(m) - (0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd)
+    embedding = 0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd
+    return modern_params(m) - embedding - value_embedding_params(m)  # lookups, no matmul
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -166,8 +228,9 @@ ARCHITECTURES: dict[str, Architecture] = {
             modern_params,
             exports=("hf",),  # a native folder (no Hugging Face class computes these logits)
             settings=ModernSettings,
-            # as GPT-2's (the norms have no weights), but blocks without attention have 2
-            hidden_matrices=lambda m: 2 * m.n_layer + 2 * attention_layers(m),
+            # as GPT-2's (the norms have no weights), but blocks without attention have 2 and
+            # separate queries, keys and values 2 more
+            hidden_matrices=lambda m: 2 * m.n_layer + attention_matrices(m) * attention_layers(m),
             flops_params=modern_flops_params,
         ),
     )
@@ -227,6 +290,11 @@ class MuonSettings:
     )
     embed_lr: float | None = optional(
         "peak learning rate of the token embedding (modded-nanogpt: 0.6); null: adam_lr",
+        exclusiveMinimum=0,
+    )
+    scalar_lr: float | None = optional(
+        "peak learning rate of the 1-D parameters (learned scalars, gains, biases), AdamW's"
+        " undecayed group (modded-nanogpt: 0.04); null: adam_lr",
         exclusiveMinimum=0,
     )
     adam_betas: tuple[float, float] = setting((0.9, 0.95), "AdamW's (beta1, beta2)")

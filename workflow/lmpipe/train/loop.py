@@ -326,7 +326,15 @@ class Trainer:
         p = self.progress
         self.metrics.write({"step": p.step, "tokens": p.tokens} | record | {"wall_s": p.wall_s()})
 
+    def set_progress(self) -> None:
+        """The model's training progress, step / max_steps, where it reads one (a modern model's
+        growing attention window): before each step and each validation, as the records set
+        their window before both."""
+        if hasattr(self.model, "progress"):
+            self.model.progress = self.progress.step / max(self.tc.max_steps, 1)
+
     def validate(self) -> None:
+        self.set_progress()
         val_loss = evaluate(self.model, self.task.val_batches, self.d.device, self.d.group)
         self.write({"val_loss": val_loss})
         self.say(f"val loss {val_loss:.4f}")
@@ -366,6 +374,7 @@ class Trainer:
         t0 = time.time()
         for group, peak_lr in zip(self.optimizer.param_groups, self.peak_lrs, strict=True):
             group["lr"] = lr_at(p.step, peak_lr, tc.schedule, tc.max_steps)
+        self.set_progress()
         loss_accum = torch.zeros((), device=d.device)
         counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
         for _ in range(self.accum):

@@ -17,7 +17,8 @@ peak `lr` (the loop scales every group by the schedule, lmpipe.train.optim.lr_at
 - `adamw`, decayed: the other 2-D parameters (token and position embeddings, the LM head, tied to
   the token embedding in GPT-2): `adam_lr`, `adam_weight_decay`; with `embed_lr`, the token
   embedding in a group of its own at that lr (modded-nanogpt's 0.6 against the head's 0.008);
-- `adamw`, not decayed: gains and biases (1-D): `adam_lr`.
+- `adamw`, not decayed: learned scalars, gains and biases (1-D): `adam_lr`, or `scalar_lr`
+  where set (modded-nanogpt's 0.04).
 
 One torch.optim.Optimizer with per-parameter state (`momentum_buffer`; AdamW's `step`,
 `exp_avg`, `exp_avg_sq`) keeps the loop's schedule and DCP's optimizer state dict as they are for
@@ -301,7 +302,9 @@ def muon_groups(model: torch.nn.Module, s: MuonSettings) -> list[dict[str, Any]]
         )
     params = list(model.parameters())  # a tied weight appears once
     # with embed_lr, the token embedding apart (tied, it is the head too)
-    embed = {id(model.transformer.wte.weight)} if s.embed_lr is not None else set()
+    # and the value embeddings with it, as the record's embed_params
+    tables = [model.transformer.wte, *getattr(model, "value_embeds", [])]
+    embed = {id(t.weight) for t in tables} if s.embed_lr is not None else set()
     others = [p for p in params if id(p) not in hidden | embed and p.dim() >= 2]
     groups = [
         {"kind": "muon", "params": [p for p in params if id(p) in hidden],
@@ -310,7 +313,7 @@ def muon_groups(model: torch.nn.Module, s: MuonSettings) -> list[dict[str, Any]]
          "lr": s.embed_lr, "weight_decay": s.adam_weight_decay},
         {"kind": "adamw", "params": others, "lr": s.adam_lr, "weight_decay": s.adam_weight_decay},
         {"kind": "adamw", "params": [p for p in params if p.dim() < 2],
-         "lr": s.adam_lr, "weight_decay": 0.0},
+         "lr": s.adam_lr if s.scalar_lr is None else s.scalar_lr, "weight_decay": 0.0},
     ]  # fmt: skip
     return [g for g in groups if g["params"]]
 

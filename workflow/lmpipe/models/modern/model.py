@@ -15,7 +15,23 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
 - tanh soft-capping of the logits (`logit_softcap`): cap * tanh(logits / cap), from Gemma 2;
   modded-nanogpt's records used 30 * tanh(logits / 30) first, 15 * tanh(logits / 15) later;
 - no biases (`bias`);
-- optionally blocks without attention (`no_attention`: the record's layer 7).
+- optionally blocks without attention (`no_attention`: the record's layer 7);
+- queries, keys and values from one fused `c_attn` or from three matrices `c_q`, `c_k`, `c_v`
+  (`qkv: separate`: the `CausalSelfAttention` of modded-nanogpt's 2025-01-04 record,
+  KellerJordan/modded-nanogpt records/010425_SoftCap/31d6c427-f1f7-4d8a-91be-a67b5dcd13fd.txt):
+  the same function of the same numbers, but Muon
+  orthogonalises each of the three alone, which moves the training;
+- optionally U-net skips (`unet_skips`, the same record's `GPT.forward`): the first n_layer / 2
+  blocks' outputs are kept, and before each later block the last kept one is added back, times
+  a learned scalar `skip_weights[i]` (init 1);
+- optionally value embeddings (`value_embeddings: k`, the record's `ValueEmbedding`, k = 3): k
+  more token embeddings, table i mixed into the values of blocks i and n_layer - k + i as
+  v = lambdas[0] v + lambdas[1] ve (learned scalars, init 0.5 each; the other blocks
+  lambdas[0] v), and the embedding mix (`embedding_mix`, the record's `Block.lambdas`): each
+  block's input lambdas[0] x + lambdas[1] x0, x0 the normed embedding (init 1, 0);
+- optionally attention within documents (`document_mask`) and over a sliding window of
+  128-token blocks (`attention_window`), the records' FlexAttention block mask, here as SDPA's
+  boolean mask (`document_window_mask`).
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
@@ -38,6 +54,40 @@ from lmpipe.registry import ARCHITECTURES
 def modern_config(**fields) -> ModelConfig:
     """The config of a modern model (`arch: modern`): the shape and any settings by keyword."""
     return model_config({"arch": "modern", **fields}, "modern model")
+
+
+EOT = 50256  # GPT-2's end-of-text token: the shards put one before each document
+WINDOW_BLOCK = 128  # the records' FlexAttention block: the window counts whole blocks
+
+
+def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query t may attend key s: s <= t; with `document`, s in the
+    same document (a document starts at each EOT: the records' `docs = (inputs ==
+    50256).cumsum(0)`); with `window`, s's 128-token block less than window / 128 blocks behind
+    t's (the records' block-wise `q_idx - kv_idx < sliding_window_num_blocks`). SDPA's boolean
+    mask, on every device."""
+    T = idx.size(1)
+    t = torch.arange(T, device=idx.device)
+    allowed = (t[:, None] >= t[None, :])[None]  # (1, T, T)
+    if document:
+        docs = (idx == EOT).cumsum(1)  # (B, T)
+        allowed = allowed & (docs[:, :, None] == docs[:, None, :])
+    if window is not None:
+        blocks = t // WINDOW_BLOCK
+        allowed = allowed & (blocks[:, None] - blocks[None, :] < window // WINDOW_BLOCK)[None]
+    return allowed[:, None]
+
+
+def window_at(config: ModelConfig, progress: float) -> int | None:
+    """The attention window (tokens) at training progress x in [0, 1]: attention_window, growing
+    to attention_window_final in whole blocks as the records' get_sliding_window_blocks,
+    int(((1 - x) 128 + x 1856) // 128) for 128 -> 1792 (its end + half a block: the last block
+    reached at x = 1)."""
+    start, end = config.attention_window, config.attention_window_final
+    if start is None or end is None:
+        return start
+    x = min(max(progress, 0.0), 1.0)
+    return int(((1 - x) * start + x * (end + WINDOW_BLOCK // 2)) // WINDOW_BLOCK) * WINDOW_BLOCK
 
 
 class RMSNorm(nn.Module):
@@ -91,21 +141,37 @@ class CausalSelfAttention(nn.Module):
         assert config.n_embd % config.n_head == 0
         self.n_head = config.n_head
         self.qk_norm = config.qk_norm
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        C = config.n_embd
+        if config.qkv == "separate":  # three matrices, so that Muon orthogonalises each alone
+            self.c_q = nn.Linear(C, C, bias=config.bias)
+            self.c_k = nn.Linear(C, C, bias=config.bias)
+            self.c_v = nn.Linear(C, C, bias=config.bias)
+        else:
+            self.c_attn = nn.Linear(C, 3 * C, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj.OUTPUT_PROJECTION = True  # zero-initialised (zero_init)
+        if config.value_embeddings:  # the value mix, init (0.5, 0.5) in init_weights
+            self.lambdas = nn.Parameter(torch.full((2,), 0.5))
 
     def forward(
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None,
         mask: torch.Tensor | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        if hasattr(self, "c_attn"):
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:
+            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
         q = q.view(B, T, self.n_head, C // self.n_head)  # (B, T, nh, hs)
         k = k.view(B, T, self.n_head, C // self.n_head)
         v = v.view(B, T, self.n_head, C // self.n_head)
+        if hasattr(self, "lambdas"):
+            v = self.lambdas[0] * v
+            if ve is not None:
+                v = v + self.lambdas[1] * ve.view_as(v)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rope is not None:
@@ -138,15 +204,21 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config) if attention else None
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
+        if config.embedding_mix:  # the embedding mix, init (1, 0) in init_weights
+            self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0]))
 
     def forward(
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None,
         mask: torch.Tensor | None = None,
+        x0: torch.Tensor | None = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if hasattr(self, "lambdas"):
+            x = self.lambdas[0] * x + self.lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(self.ln_1(x), rope, mask)
+            x = x + self.attn(self.ln_1(x), rope, mask, ve)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -160,6 +232,13 @@ class ModernGPT(nn.Module):
             raise ValueError(
                 f"no_attention {list(config.no_attention)}: a block index is not one of"
                 f" 0..{config.n_layer - 1}"
+            )
+        if config.unet_skips and config.n_layer % 2:
+            raise ValueError(f"unet_skips needs an even n_layer, not {config.n_layer}")
+        if 2 * config.value_embeddings > config.n_layer:
+            raise ValueError(
+                f"value_embeddings {config.value_embeddings}: needs 2 x that many blocks, not"
+                f" {config.n_layer}"
             )
         if config.rope and (config.n_embd // config.n_head) % 2:
             raise ValueError(
@@ -178,6 +257,12 @@ class ModernGPT(nn.Module):
         )
         self.transformer = nn.ModuleDict(modules)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.value_embeds = nn.ModuleList(
+            nn.Embedding(config.padded_vocab_size, config.n_embd)
+            for _ in range(config.value_embeddings)
+        )
+        if config.unet_skips:  # one learned weight a decoder block
+            self.skip_weights = nn.Parameter(torch.ones(config.n_layer - config.n_layer // 2))
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         # the head + loss in training; the trainer may set a compiled or chunked one
@@ -186,6 +271,9 @@ class ModernGPT(nn.Module):
         # as GPT-2's: fine-tuning runs the head on counted positions only; on a GPU the training
         # loss multiplies by the whole padded weight (aligned GEMM tiles)
         self.head_on_counted_only = False
+        # the training's progress, which the loop sets each step (attention_window_final); the
+        # trained model's window is the final one
+        self.progress = 1.0
         self.padded_head_matmul = False
         self.init_weights()
 
@@ -194,6 +282,13 @@ class ModernGPT(nn.Module):
         """N(0, 0.02), and zeros for the output projections and the untied head (zero_init; else
         llm.c's 0.02 / sqrt(2 n_layer) for the projections); callable again after `to_empty()`."""
         c = self.config
+        if c.unet_skips:
+            nn.init.ones_(self.skip_weights)
+        for block in self.transformer.h:
+            if hasattr(block, "lambdas"):
+                block.lambdas.copy_(torch.tensor([1.0, 0.0], device=block.lambdas.device))
+            if hasattr(block.attn, "lambdas"):
+                nn.init.constant_(block.attn.lambdas, 0.5)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 if module is self.lm_head:
@@ -212,7 +307,8 @@ class ModernGPT(nn.Module):
                     nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-            elif module is self.transformer.wte:  # modded-nanogpt: nn.Embedding's N(0, 1)
+            elif module is self.transformer.wte or module in self.value_embeds:
+                # modded-nanogpt: nn.Embedding's N(0, 1)
                 nn.init.normal_(module.weight, mean=0.0, std=c.embed_init_std)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -257,15 +353,27 @@ class ModernGPT(nn.Module):
         if not c.rope:
             pos = torch.arange(T, device=idx.device) if positions is None else positions
             x = x + self.transformer.wpe(pos)
-        x = self.transformer.ln_e(x)
+        x = x0 = self.transformer.ln_e(x)
+        if mask is None and positions is None and (c.document_mask or c.attention_window):
+            window = window_at(c, self.progress)
+            mask = document_window_mask(idx, c.document_mask, window)
+        k = c.value_embeddings  # tables 0..k-1 to blocks 0..k-1 and n_layer-k..n_layer-1
+        tables = [table(idx) for table in self.value_embeds]
+        ve = tables + [None] * (c.n_layer - 2 * k) + tables
         rope = None
         if c.rope:
             n = T if positions is None else int(positions.max()) + 1
             rope = rotary(n, c.n_embd // c.n_head, c.rope_base, idx.device, c.rope_frequencies)
             if positions is not None:
                 rope = tuple(t[positions] for t in rope)  # (B, T, hs/2) each
-        for block in self.transformer.h:
-            x = block(x, rope, mask)
+        skips = []  # U-net: the encoder's outputs, added back to the decoder's inputs last first
+        encoder = c.n_layer // 2
+        for i, block in enumerate(self.transformer.h):
+            if c.unet_skips and i >= encoder:
+                x = x + self.skip_weights[i - encoder] * skips.pop()
+            x = block(x, rope, mask, x0, ve[i])
+            if c.unet_skips and i < encoder:
+                skips.append(x)
         return self.transformer.ln_f(x)
 
     def forward(
