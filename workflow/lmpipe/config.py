@@ -249,6 +249,13 @@ class TrainConfig:
         " weights in float8): a GPU of compute capability 8.9 or newer (H100, H200); on the CPU"
         " torchao's emulation, for tests (lmpipe.train.fp8)",
     )
+    attention_backend: str = setting(
+        "auto",
+        "the SDPA kernel attention runs on (torch.nn.attention.sdpa_kernel): auto (PyTorch's"
+        " choice); cudnn (cuDNN attention, Hopper); flash; efficient; math. On the CPU only auto,"
+        " flash (its CPU kernel) and math",
+        enum=["auto", "cudnn", "flash", "efficient", "math"],
+    )
     loss_chunk_tokens: int = setting(
         0,
         "the LM head and loss in chunks of this many positions, never the full logits"
@@ -642,6 +649,7 @@ ADDED_TRAIN_KEYS = {
     "loss_chunk_tokens": 0,
     "activation_checkpointing": "none",
     "fp8": False,
+    "attention_backend": "auto",
 }
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
 ADDED_OPTIMIZER_KEYS = {"momentum_warmup_steps": 0, "momentum_start": 0.85, "embed_lr": None}

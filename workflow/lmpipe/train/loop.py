@@ -49,7 +49,7 @@ from lmpipe.config import (
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
-from lmpipe.models import build_model
+from lmpipe.models import attention, build_model
 from lmpipe.models.head_loss import loss_function
 from lmpipe.train import fp8
 from lmpipe.train.attempts import AttemptLog, short_error
@@ -167,6 +167,16 @@ def evaluate(
     return total.item() / (len(batches) * dist.get_world_size(group))  # host sync
 
 
+def check_attention(job: TrainJob) -> None:
+    """train.attention_backend refused in one line, before the model is built, where the device
+    has no such kernel (cudnn or efficient on the CPU)."""
+    problem = attention.backend_problem(
+        job.train.attention_backend, torch.device(job.launch.device)
+    )
+    if problem is not None:
+        raise RuntimeError(f"runs.{job.run}: {problem}")
+
+
 def check_fp8(job: TrainJob) -> None:
     """train.fp8 refused in one line where it cannot run (no torchao, a GPU without FP8, the
     CPU's emulation under compile), before the model is built; on the CPU, said to emulate."""
@@ -202,6 +212,7 @@ def training_model(
     model.padded_head_matmul = device.type == "cuda"
     identity = init(model) if init is not None else None
     model.loss_fn = loss_function(tc.loss_chunk_tokens, tc.compile)
+    attention.use_backend(tc.attention_backend)  # every attend of this process
     if tc.fp8:
         fp8.convert_blocks(model, device)  # before sharding: FSDP2 all-gathers float8 weights
     model = parallelize(
@@ -237,6 +248,7 @@ def write_provenance(
                 # lmpipe.train.parallel.recompute_blocks)
                 "loss_chunk_tokens": getattr(model.loss_fn, "chunk_tokens", 0),
                 "recompute": [getattr(b.forward, "recompute", "none") for b in model.blocks()],
+                "attention_backend": job.train.attention_backend,
             }
             | fp8.describe(model, d.device)
         )
@@ -513,6 +525,7 @@ def run(
     evaluations during training (lmpipe.train.evaluators); `wandb`: logging.wandb."""
     check_compiler(job)
     check_fp8(job)
+    check_attention(job)
     trainer = Trainer(job, task, out, d, list(evaluators or []))
     try:
         trainer.start(fresh_start, wandb)
