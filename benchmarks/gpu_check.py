@@ -24,9 +24,9 @@ Parts, in the order they run (names as in the JSON):
   of transformers' GPT2LMHeadModel (fp32, stated tolerance); llm.c's file read back equal.
 - `speed.<preset>_mb<B>`: benchmarks/gpu_train.py, one micro-batch size a process, the trainer's
   own model (its padded head, loss, FSDP2 on one rank, bf16, compile, fused AdamW): seq 1024;
-  tokens/s, MFU, steady-state peak memory, attention kernels. First the 124m run's micro-batch
-  (64), then the same with the head and loss in chunks (`_chunked`: train.loss_chunk_tokens 8192),
-  and after `real_run`, micro-batch 32 if time is left.
+  tokens/s, MFU, steady-state peak memory, attention kernels. The 124m run's micro-batch (64), in
+  bf16, in FP8 (`_fp8`: train.fp8, torchao's float8; skipped where torchao is not installed), and
+  with the head and loss in chunks (`_chunked`: train.loss_chunk_tokens 8192).
 - `real_run`: d12 (124M) trained for 120 steps of 64K tokens on the tokenized sample (several
   epochs) through the launcher, bf16 + compile; the loss curve (loss_curve.csv, loss_curve.png
   when matplotlib imports) and the tokens/s and MFU the trainer logged.
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -118,7 +119,7 @@ class Plan:
     kill_at: int  # the checkpoint step the interrupted run is killed at
     # (gpu_train preset, micro-batch, train.loss_chunk_tokens: 0 the plain head), in order of
     # importance: the first size right after the correctness parts, the others after real_run
-    speed: list[tuple[str, int, int]]
+    speed: list[tuple[str, int, int, bool]]  # preset, micro-batch, loss chunk, train.fp8
     speed_args: list[str]
     real_model: ModelConfig
     real_train: TrainConfig
@@ -155,7 +156,8 @@ def plan_for(smoke: bool) -> Plan:
             tiny=tiny,
             tiny_train=tiny_train,
             kill_at=2,
-            speed=[("tiny", 2, 0), ("tiny", 2, 64), ("tiny", 4, 0)],
+            speed=[("tiny", 2, 0, False), ("tiny", 2, 0, True), ("tiny", 2, 64, False)]
+            + [("tiny", 4, 0, False)],
             speed_args=["--seq-len", "128", "--warmup", "2", "--steps", "2"]
             + ["--device", "cpu", "--dtype", "float32", "--no-compile"],
             real_model=tiny,
@@ -180,9 +182,9 @@ def plan_for(smoke: bool) -> Plan:
         tiny=tiny,
         tiny_train=tiny_train,
         kill_at=2,
-        # the 124m run's micro-batch, plain and with the head and loss in chunks of 8K tokens
-        # (never the 64K x 50,304 logits), then a smaller one
-        speed=[("d12", 64, 0), ("d12", 64, 8192), ("d12", 32, 0)],
+        # the 124m run's micro-batch: bf16, FP8 (train.fp8), and the head and loss in chunks of
+        # 8K tokens (never the 64K x 50,304 logits)
+        speed=[("d12", 64, 0, False), ("d12", 64, 0, True), ("d12", 64, 8192, False)],
         speed_args=["--seq-len", "1024", "--warmup", "10", "--steps", "20"]
         + ["--device", "cuda", "--dtype", "bfloat16"],
         real_model=d12,
@@ -209,15 +211,15 @@ def plan_for(smoke: bool) -> Plan:
             "correctness.resume": (45, 60),
             "correctness.convert": (20, 25),
             "speed.d12_mb64": (70, 90),  # the first compile of d12 (~1 min)
-            "speed.d12_mb64_chunked": (50, 50),
+            "speed.d12_mb64_fp8": (55, 58),  # FP8's own compile of d12
+            "speed.d12_mb64_chunked": (40, 40),
             "real_run": (80, 80),
-            "speed.d12_mb32": (40, 40),  # last: only if time is left
         },
     )
 
 
-def speed_name(preset: str, mb: int, chunk: int = 0) -> str:
-    return f"speed.{preset}_mb{mb}" + ("_chunked" if chunk else "")
+def speed_name(preset: str, mb: int, chunk: int = 0, fp8: bool = False) -> str:
+    return f"speed.{preset}_mb{mb}" + ("_chunked" if chunk else "") + ("_fp8" if fp8 else "")
 
 
 # ---- run in subprocesses (`--internal KIND`): CUDA never starts in the main process ------------
@@ -868,10 +870,12 @@ class Check:
             raise PartFailed("; ".join(details["problems"]), details)
         return details
 
-    def part_speed(self, preset: str, mb: int, chunk: int) -> dict:
-        path = self.work / f"{speed_name(preset, mb, chunk)}.json"
+    def part_speed(self, preset: str, mb: int, chunk: int, fp8: bool) -> dict:
+        name = speed_name(preset, mb, chunk, fp8)
+        path = self.work / f"{name}.json"
         base = [sys.executable, str(GPU_TRAIN), "--preset", preset, "--micro-batches", str(mb)]
         base += self.plan.speed_args + ["--loss-chunk-tokens", str(chunk), "--json", str(path)]
+        base += ["--fp8"] if fp8 else []
         if self.plan.device == "cuda" and not self.state.get("peak_flops"):
             base += ["--peak-flops", str(H200_PEAK)]  # a GPU lmpipe.hardware does not know
         compiled = "--no-compile" not in base and self.compile_ok
@@ -889,7 +893,7 @@ class Check:
             raise PartFailed(f"gpu_train exited {rc} without a result", failure)
         # the compiled run crashed: is it compilation? One eager try, then later parts go eager
         self.compile_ok = False
-        self.report["compile_disabled"] = f"{speed_name(preset, mb, chunk)} crashed compiled"
+        self.report["compile_disabled"] = f"{name} crashed compiled"
         path.unlink(missing_ok=True)
         rc, output = self.run(
             f"gpu_train {preset} micro-batch {mb}, eager", base + ["--no-compile"]
@@ -1001,18 +1005,25 @@ class Check:
         self.part("correctness.resume", self.part_resume)
         self.part("correctness.convert", self.part_convert)
         first = self.plan.speed[0][:2]  # the run's own size: plain, then in chunks
-        for preset, mb, chunk in self.plan.speed:
-            if (preset, mb) == first:
-                self.part(
-                    speed_name(preset, mb, chunk), partial(self.part_speed, preset, mb, chunk)
-                )
+        for spec in self.plan.speed:
+            if spec[:2] == first:
+                self.speed_part(spec)
         self.part("real_run", self.part_real_run)  # before the other sizes: it matters more
-        for preset, mb, chunk in self.plan.speed:
-            if (preset, mb) != first:
-                self.part(
-                    speed_name(preset, mb, chunk), partial(self.part_speed, preset, mb, chunk)
-                )
+        for spec in self.plan.speed:
+            if spec[:2] != first:
+                self.speed_part(spec)
         return self.finish()
+
+    def speed_part(self, spec: tuple[str, int, int, bool]) -> None:
+        """One speed part; FP8's skipped, not failed, where torchao is not installed (the GPU
+        image may lack it)."""
+        fp8 = spec[3]
+        absent = fp8 and importlib.util.find_spec("torchao") is None
+        self.part(
+            speed_name(*spec),
+            partial(self.part_speed, *spec),
+            skip_reason="torchao not installed" if absent else None,
+        )
 
     def finish(self) -> int:
         parts = self.report["parts"]
@@ -1031,6 +1042,7 @@ class Check:
                         "mfu": round(r["mfu"], 4),
                         "peak_memory_gib": round(memory, 2),
                         "compile": r["compile"],
+                        "fp8": r.get("fp8", False),
                         "flash": r.get("flash_attention_used"),
                         "status": record["status"],
                     }

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
 from lmpipe.config import ModelConfig, named_models, train_config  # noqa: E402
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
+from lmpipe.train.fp8 import after_optimizer_step, fp8_problem  # noqa: E402
 from lmpipe.train.loop import training_model  # noqa: E402
 from lmpipe.train.optim import build_optimizer, clip_grad_norm  # noqa: E402
 from lmpipe.train.parallel import init_distributed  # noqa: E402
@@ -123,6 +124,7 @@ def measure(
     profile: bool = True,
     loss_chunk_tokens: int = 0,
     recompute: str = "none",
+    fp8: bool = False,
 ) -> dict:
     """Time `steps` training steps of `preset` at `micro_batch` x `seq_len` after `warmup` ones.
 
@@ -141,6 +143,7 @@ def measure(
             "max_steps": warmup + steps, "dtype": dtype, "compile": compile,
             "optimizer": {"name": "adamw", "lr": 6e-4, "fused": fused},
             "loss_chunk_tokens": loss_chunk_tokens, "activation_checkpointing": recompute,
+            "fp8": fp8,
         },
         "gpu_train",
     )  # fmt: skip
@@ -159,6 +162,8 @@ def measure(
         loss.backward()
         clip_grad_norm(model, 1.0)
         optimizer.step()
+        if fp8:  # as the trainer: the float8 weights' scales in one all-reduce
+            after_optimizer_step(model)
         optimizer.zero_grad(set_to_none=True)
 
     t0 = time.time()
@@ -193,6 +198,7 @@ def measure(
         "compile": compile,
         "fused_adamw": fused,
         "loss_chunk_tokens": loss_chunk_tokens,
+        "fp8": fp8,  # train.fp8: the blocks' linears in torchao's float8 (emulated off CUDA)
         "activation_checkpointing": recompute,
         "padded_head": model.padded_head_matmul,
     }
@@ -250,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         "--recompute", default="none", choices=["none", "selective", "full"],
         help="train.activation_checkpointing",
     )  # fmt: skip
+    parser.add_argument(
+        "--fp8", action="store_true", help="train.fp8 (torchao float8; needs capability 8.9)"
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
     parser.add_argument("--json", type=Path, help="write the results here (default: $OUT)")
     args = parser.parse_args(argv)
@@ -263,16 +272,22 @@ def main(argv: list[str] | None = None) -> int:
         try:
             info = device_info(d.device)
             print(f"{info['device_name']}, torch {info['torch']}, CUDA {info['cuda']}", flush=True)
+            problem = args.fp8 and fp8_problem(d.device, not args.no_compile)
             try:
+                if problem:  # the trainer's own refusal (no torchao, a GPU without FP8)
+                    raise ValueError(problem)
                 r = measure(
                     args.preset, mb, d.device, seq_len=args.seq_len, warmup=args.warmup,
                     steps=args.steps, dtype=args.dtype, compile=not args.no_compile,
                     peak_flops=args.peak_flops, profile=not args.no_profile,
                     loss_chunk_tokens=args.loss_chunk_tokens, recompute=args.recompute,
+                    fp8=args.fp8,
                 )  # fmt: skip
                 results = [r | {"device_name": info["device_name"], "device_info": info}]
             except torch.OutOfMemoryError:
                 results = [{"preset": args.preset, "micro_batch": mb, "error": "out of memory"}]
+            except ValueError as e:
+                results = [{"preset": args.preset, "micro_batch": mb, "error": str(e)}]
         finally:
             dist.destroy_process_group()
     for r in results:

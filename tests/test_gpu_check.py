@@ -23,6 +23,7 @@ PARTS = [
     "correctness.resume",
     "correctness.convert",
     "speed.tiny_mb2",
+    "speed.tiny_mb2_fp8",
     "speed.tiny_mb2_chunked",
     "real_run",
     "speed.tiny_mb4",
@@ -65,19 +66,25 @@ def test_gpu_check_smoke_runs_every_part(tmp_path):
     assert convert["hf_vs_checkpoint_max_abs_diff"] < 1e-4
 
     # one measurement a micro-batch size, each in its own process, with the kernels it ran
-    for name in ("speed.tiny_mb2", "speed.tiny_mb2_chunked", "speed.tiny_mb4"):
+    for name in ("speed.tiny_mb2", "speed.tiny_mb2_fp8", "speed.tiny_mb2_chunked"):
         r = parts[name]["result"]
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] <= 1
         assert isinstance(r["attention_ops"], list) and r["attention_ops"]
+    assert parts["speed.tiny_mb4"]["result"]["tokens_per_s"] > 0
     # the trainer's own model: the chunked part's loss in chunks, the others' plain
     assert parts["speed.tiny_mb2_chunked"]["result"]["loss_chunk_tokens"] == 64
     assert parts["speed.tiny_mb2"]["result"]["loss_chunk_tokens"] == 0
+    # train.fp8 reaches the trainer's model (torchao's emulation on the CPU)
+    assert parts["speed.tiny_mb2_fp8"]["result"]["fp8"]
+    assert not parts["speed.tiny_mb2"]["result"]["fp8"]
     speed = report["summary"]["speed"]
     assert [s["part"] for s in speed] == [
         "speed.tiny_mb2",
+        "speed.tiny_mb2_fp8",
         "speed.tiny_mb2_chunked",
         "speed.tiny_mb4",
     ]
+    assert [s["fp8"] for s in speed] == [False, True, False, False]
 
     real = parts["real_run"]["result"]
     assert real["steps_done"] == 10 and real["final_written"]
@@ -132,3 +139,22 @@ def test_the_device_plans_budgets_end_inside_the_deadline():
     assert sum(budget for _, budget in plan.budgets.values()) < gpu_check.DEFAULT_DEADLINE
     assert all(estimate <= budget for estimate, budget in plan.budgets.values())
     assert plan.speed[0][:2] == ("d12", 64)  # the 124m run's micro-batch first
+
+
+def test_the_fp8_part_is_skipped_where_torchao_is_absent(tmp_path):
+    """The GPU image may lack torchao: the FP8 part says so and the check goes on (exit 0)."""
+    out = tmp_path / "out"
+    hide = (
+        "import runpy, sys; sys.modules['torchao'] = None;"  # find_spec('torchao') is then None
+        " sys.argv = ['gpu_check.py', *sys.argv[1:]];"
+        " runpy.run_path('benchmarks/gpu_check.py', run_name='__main__')"
+    )
+    args = ["--smoke", "--parts", "speed.tiny_mb2_fp8", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(REPO / "workflow"))
+    proc = subprocess.run(
+        [sys.executable, "-c", hide, *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    part = json.loads((out / "gpu_check.json").read_text())["parts"]["speed.tiny_mb2_fp8"]
+    assert part == part | {"status": "skipped", "reason": "torchao not installed"}

@@ -600,3 +600,72 @@ def test_wandb_offline_logs_the_losses_in_the_run_folder_and_no_secret(manifest,
     for path in files:
         assert secret.encode() not in path.read_bytes(), path
     assert secret not in proc.stdout + proc.stderr
+
+
+# ---- FP8 (lmpipe.train.fp8): torchao's float8 in emulation on the CPU ------------------------
+# Two FSDP2 ranks on gloo with the float8 all-gather (torchao's FSDP hooks run on the CPU too).
+# Tolerance: over these 8 steps the FP8 run's losses were at most 3.8e-4 from the fp32 run's
+# (losses near 10.5); e4m3 rounds each GEMM input by up to 2^-4 relative, and the sums average
+# that down. 5e-3 (5e-4 relative) leaves room for another BLAS's order of sums, not for a lost
+# FP8 conversion's absence to go unseen (the test also asks the losses to differ).
+FP8_LOSS_TOLERANCE = 5e-3
+
+
+@pytest.fixture(scope="module")
+def two_ranks_fp8(tmp_path_factory, manifest) -> Path:
+    """An uninterrupted 2-rank FP8 run (emulated), the reference of the FP8 tests."""
+    out = tmp_path_factory.mktemp("two_ranks_fp8")
+    proc = run(config(2, fp8=True), manifest, out)
+    assert "torchao's float8 emulation" in proc.stdout + proc.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_fp8_emulation_trains_as_fp32_within_tolerance(two_ranks_fp8, two_ranks):
+    prov = json.loads((two_ranks_fp8 / "provenance.json").read_text())
+    # the 4 linears of each block converted (n_embd 32: every dim a multiple of 16), not the head
+    assert prov["fp8_linears"] == 4 * MODEL["n_layer"] and prov["fp8_emulated"]
+    fp8, fp32 = losses(two_ranks_fp8), losses(two_ranks)
+    assert len(fp8) == len(fp32) == TRAIN["max_steps"]
+    assert fp8 != fp32  # FP8 really ran: the casts change the losses
+    assert max(abs(a - b) for a, b in zip(fp8, fp32, strict=True)) < FP8_LOSS_TOLERANCE
+    assert fp8[-1] < fp8[0]
+
+
+@pytest.mark.slow
+def test_fp8_sigkill_after_checkpoint_then_restart_is_bit_identical(
+    two_ranks_fp8, manifest, tmp_path
+):
+    out = tmp_path / "killed"
+    cfg = config(2, fp8=True)
+    kill_at_checkpoint(command(cfg, manifest, out), dict(os.environ, OMP_NUM_THREADS="1"), out, 4)
+    restart = run(cfg, manifest, out)
+    assert "resumed from" in restart.stderr and "step_000004" in restart.stderr
+    assert losses(out) == losses(two_ranks_fp8)
+    a, b = load_final(out), load_final(two_ranks_fp8)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_fp8_is_refused_in_one_line_where_it_cannot_run(monkeypatch):
+    from lmpipe.train import fp8
+    from lmpipe.train.loop import check_fp8
+
+    check_fp8(job_of(config(1)))  # fp8 off: nothing to check
+    with pytest.raises(RuntimeError, match=r"^runs.test: train.fp8 on the CPU .* set compile"):
+        check_fp8(job_of(config(1, fp8=True, compile=True)))
+    cuda = config(1, fp8=True)
+    cuda["launch"]["device"] = "cuda"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(RuntimeError) as refused:
+        check_fp8(job_of(cuda))
+    line = str(refused.value)
+    assert "\n" not in line and "A100" in line and "8.0" in line and "8.9" in line
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8(job_of(cuda))  # H100/H200: FP8 GEMMs
+    assert not fp8.emulated(torch.device("cuda"))
+    monkeypatch.setattr(fp8.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match="torchao is not installed"):
+        check_fp8(job_of(cuda))

@@ -243,6 +243,19 @@ class TrainConfig:
     )
     dtype: str = setting("float32", "the compute dtype", enum=["float32", "bfloat16"])
     compile: bool = setting(False, "torch.compile the model")
+    fp8: bool = setting(
+        False,
+        "the blocks' linears in FP8 (torchao float8, tensorwise scaling; FSDP2 all-gathers their"
+        " weights in float8): a GPU of compute capability 8.9 or newer (H100, H200); on the CPU"
+        " torchao's emulation, for tests (lmpipe.train.fp8)",
+    )
+    attention_backend: str = setting(
+        "auto",
+        "the SDPA kernel attention runs on (torch.nn.attention.sdpa_kernel): auto (PyTorch's"
+        " choice); cudnn (cuDNN attention, Hopper); flash; efficient; math. On the CPU only auto,"
+        " flash (its CPU kernel) and math",
+        enum=["auto", "cudnn", "flash", "efficient", "math"],
+    )
     loss_chunk_tokens: int = setting(
         0,
         "the LM head and loss in chunks of this many positions, never the full logits"
@@ -635,6 +648,8 @@ ADDED_TRAIN_KEYS = {
     "checkpoint_async": False,
     "loss_chunk_tokens": 0,
     "activation_checkpointing": "none",
+    "fp8": False,
+    "attention_backend": "auto",
 }
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
 ADDED_OPTIMIZER_KEYS = {

@@ -1,9 +1,40 @@
-"""Self-attention's one switch, shared by the architectures: causal, or under a given mask."""
+"""Self-attention's one switch, shared by the architectures: causal, or under a given mask, with
+the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# train.attention_backend -> the kernels SDPA may pick from (None: its own choice)
+BACKENDS: dict[str, SDPBackend | None] = {
+    "auto": None,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+CPU_BACKENDS = ("auto", "flash", "math")  # PyTorch's CPU has a flash kernel and math only
+_chosen: SDPBackend | None = None
+
+
+def backend_problem(name: str, device: torch.device) -> str | None:
+    """Why backend `name` cannot run on `device` (None: it can), in one line."""
+    if device.type != "cuda" and name not in CPU_BACKENDS:
+        return (
+            f"train.attention_backend {name!r} has no kernel on the {device.type}"
+            f" (there: {', '.join(CPU_BACKENDS)})"
+        )
+    return None
+
+
+def use_backend(name: str) -> None:
+    """Every later `attend` in this process runs on backend `name` (the trainer sets it once)."""
+    global _chosen
+    _chosen = BACKENDS[name]
 
 
 def attend(
@@ -12,6 +43,8 @@ def attend(
     """Attention of (B, nh, T, hs) queries, keys and values: causal without a mask (training,
     generation); with one, (B, 1, T, T) bool, True where a query may attend, under it (packed
     scoring rows: lmpipe.eval.packing)."""
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    kernel = sdpa_kernel(_chosen) if _chosen is not None else contextlib.nullcontext()
+    with kernel:
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -173,6 +173,31 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
+def _plain(value: Any) -> Any:
+    """A tensor subclass that wraps a plain tensor (torchao float8's FSDP weight,
+    lmpipe.train.fp8) as that plain tensor, sharing its storage (a load fills the parameter), so
+    that checkpoints hold plain tensors and read without torchao (convert, export)."""
+    local = value._local_tensor if isinstance(value, DTensor) else value
+    if not isinstance(local, torch.Tensor) or type(local) is torch.Tensor:
+        return value
+    inner = getattr(local, "_tensor", None)
+    if not isinstance(inner, torch.Tensor):
+        return value
+    if isinstance(value, DTensor):
+        return DTensor.from_local(
+            inner, value.device_mesh, value.placements, run_check=False,
+            shape=value.shape, stride=value.stride(),
+        )  # fmt: skip
+    return inner
+
+
+def plain_state(state: Any) -> Any:
+    """`state` (nested dicts of tensors) with each wrapped tensor plain (_plain)."""
+    if isinstance(state, dict):
+        return {k: plain_state(v) for k, v in state.items()}
+    return _plain(state)
+
+
 def _rng_state() -> dict[str, torch.Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -322,7 +347,7 @@ class Checkpointer:
                 )
                 (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
             model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
+            state = plain_state({"model": model_sd, "optim": optim_sd})
             if self.group is not None and not blocking:
                 self.pending = (write_state(state, tmp, self.group), tmp, final)
                 return final
@@ -362,7 +387,7 @@ class Checkpointer:
     ) -> dict[str, Any]:
         """Restore model, optimizer and this rank's RNG; return the train state (step, loader)."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        state = plain_state({"model": model_sd, "optim": optim_sd})
         try:
             dcp.load(state, checkpoint_id=path)
         except CheckpointException as e:  # damage() found every file whole, yet it fails
@@ -423,6 +448,6 @@ def atomic_folder(final: Path) -> Iterator[Path]:
 def save_final(folder: str | Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
     """The contract with convert: DCP `{"model": state dict}` + `meta.json`, renamed at the end."""
     with atomic_folder(Path(folder)) as tmp:
-        write_state({"model": get_model_state_dict(model)}, tmp)
+        write_state(plain_state({"model": get_model_state_dict(model)}), tmp)
         if dist.get_rank() == 0:
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

@@ -49,8 +49,9 @@ from lmpipe.config import (
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
-from lmpipe.models import build_model
+from lmpipe.models import attention, build_model
 from lmpipe.models.head_loss import loss_function
+from lmpipe.train import fp8
 from lmpipe.train.attempts import AttemptLog, short_error
 from lmpipe.train.checkpoint import Checkpointer, save_final
 from lmpipe.train.evaluators import Evaluator, build_evaluators
@@ -166,6 +167,33 @@ def evaluate(
     return total.item() / (len(batches) * dist.get_world_size(group))  # host sync
 
 
+def check_attention(job: TrainJob) -> None:
+    """train.attention_backend refused in one line, before the model is built, where the device
+    has no such kernel (cudnn or efficient on the CPU)."""
+    problem = attention.backend_problem(
+        job.train.attention_backend, torch.device(job.launch.device)
+    )
+    if problem is not None:
+        raise RuntimeError(f"runs.{job.run}: {problem}")
+
+
+def check_fp8(job: TrainJob) -> None:
+    """train.fp8 refused in one line where it cannot run (no torchao, a GPU without FP8, the
+    CPU's emulation under compile), before the model is built; on the CPU, said to emulate."""
+    if not job.train.fp8:
+        return
+    device = torch.device(job.launch.device)
+    problem = fp8.fp8_problem(device, job.train.compile)
+    if problem is not None:
+        raise RuntimeError(f"runs.{job.run}: {problem}")
+    if fp8.emulated(device):
+        print(
+            f"runs.{job.run}: train.fp8 on the {device.type}: torchao's float8 emulation (FP8"
+            " numerics, high-precision GEMMs), for tests; no speed-up",
+            flush=True,
+        )
+
+
 def training_model(
     config: ModelConfig,
     tc: TrainConfig,
@@ -184,6 +212,9 @@ def training_model(
     model.padded_head_matmul = device.type == "cuda"
     identity = init(model) if init is not None else None
     model.loss_fn = loss_function(tc.loss_chunk_tokens, tc.compile)
+    attention.use_backend(tc.attention_backend)  # every attend of this process
+    if tc.fp8:
+        fp8.convert_blocks(model, device)  # before sharding: FSDP2 all-gathers float8 weights
     model = parallelize(
         model, device, tc.dtype, tc.compile, tc.fsdp, mesh, tc.activation_checkpointing
     )
@@ -201,21 +232,26 @@ def write_provenance(
     dist.all_gather_object(slurm_nodes, os.environ.get("SLURMD_NODENAME"))
     dist.all_gather_object(held, local_numel(model))  # parameter elements each rank holds
     if d.is_main:
-        prov = provenance.collect() | {
-            "world_size": d.world_size,
-            "device": d.device.type,
-            "nodes": job.launch.nodes,
-            "settings_hash": digest,
-            "hosts": hosts,
-            "slurm_nodes": slurm_nodes,
-            "params": model.num_params(),
-            "params_per_rank": held,
-            "peak_flops": peak,  # a device's, for the MFU figures
-            # what the model trains with, read off the model (lmpipe.models.head_loss,
-            # lmpipe.train.parallel.recompute_blocks)
-            "loss_chunk_tokens": getattr(model.loss_fn, "chunk_tokens", 0),
-            "recompute": [getattr(b.forward, "recompute", "none") for b in model.blocks()],
-        }
+        prov = (
+            provenance.collect()
+            | {
+                "world_size": d.world_size,
+                "device": d.device.type,
+                "nodes": job.launch.nodes,
+                "settings_hash": digest,
+                "hosts": hosts,
+                "slurm_nodes": slurm_nodes,
+                "params": model.num_params(),
+                "params_per_rank": held,
+                "peak_flops": peak,  # a device's, for the MFU figures
+                # what the model trains with, read off the model (lmpipe.models.head_loss,
+                # lmpipe.train.parallel.recompute_blocks)
+                "loss_chunk_tokens": getattr(model.loss_fn, "chunk_tokens", 0),
+                "recompute": [getattr(b.forward, "recompute", "none") for b in model.blocks()],
+                "attention_backend": job.train.attention_backend,
+            }
+            | fp8.describe(model, d.device)
+        )
         (out / "provenance.json").write_text(json.dumps(prov, indent=1))
 
 
@@ -388,6 +424,8 @@ class Trainer:
             loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
         grad_norm = clip_grad_norm(self.model, tc.grad_clip)
         self.optimizer.step()
+        if tc.fp8:
+            fp8.after_optimizer_step(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         p.step += 1
         p.tokens += tc.batch_tokens
@@ -495,6 +533,8 @@ def run(
     """Run (or resume) the training of one run; returns the process exit code. `evaluators`: the
     evaluations during training (lmpipe.train.evaluators); `wandb`: logging.wandb."""
     check_compiler(job)
+    check_fp8(job)
+    check_attention(job)
     trainer = Trainer(job, task, out, d, list(evaluators or []))
     try:
         trainer.start(fresh_start, wandb)
