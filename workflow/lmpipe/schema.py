@@ -109,7 +109,8 @@ def validate_registry_sections(config: dict[str, Any]) -> None:
     for name, m in config["models"].items():
         model_config(m, f"models.{name}")
     for name, r in config["runs"].items():
-        optimizer_settings(r["train"]["optimizer"], f"runs.{name}.train.optimizer")
+        if r["train"] is not None:
+            optimizer_settings(r["train"]["optimizer"], f"runs.{name}.train.optimizer")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -129,6 +130,25 @@ def check_muon(config: dict[str, Any], name: str, model: Any) -> None:
         raise ConfigError(
             f"runs.{name}.train.optimizer.name: muon orthogonalises the 2-D weights of the"
             f" model's blocks, and model {r['model']!r} ({model.arch}) has none: use adamw"
+        )
+
+
+def check_reference_run(config: dict[str, Any], name: str) -> None:
+    """A reference run (train: null) evaluates a Hugging Face model on a text dataset's val
+    shard: its model is an `arch: hf` entry, and it has nothing to fine-tune from."""
+    r, where = config["runs"][name], f"runs.{name}"
+    arch = config["models"][r["model"]]["arch"]
+    if arch != "hf":
+        raise ConfigError(
+            f"{where}.train: null (a reference run) evaluates a Hugging Face model as it is, and"
+            f" model {r['model']!r} is arch {arch!r}: give it `train:`, or name an `arch: hf` model"
+        )
+    if "base" in r or "sft" in r:
+        raise ConfigError(f"{where}: a reference run (train: null) has no base or sft")
+    if is_conversations(config, r["dataset"]):
+        raise ConfigError(
+            f"{where}.dataset: {r['dataset']!r} is conversations; a reference run is scored on"
+            " a text dataset's val shard"
         )
 
 
@@ -270,6 +290,8 @@ def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     check_datasets(config)
     for name, m in config["models"].items():
+        if m["arch"] == "hf":
+            continue  # its shape is its config.json's (read by model_config)
         if m["n_embd"] % m["n_head"]:
             raise ConfigError(
                 f"models.{name}: n_embd {m['n_embd']} is not divisible by n_head {m['n_head']}"
@@ -288,6 +310,10 @@ def check_config(config: dict[str, Any]) -> None:
                 f"{where}.model: unknown model {r['model']!r}"
                 f"{did_you_mean(r['model'], config['models'])}"
             )
+        if r["train"] is None:
+            check_reference_run(config, name)
+            check_evals(config, name, run_config(config, name))
+            continue
         if "base" in r or "sft" in r:
             check_fine_tuning_run(config, name)
         elif is_conversations(config, r["dataset"]):
