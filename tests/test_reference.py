@@ -142,6 +142,37 @@ def test_a_gpt2_folder_the_gpt2_architecture_would_compute_otherwise_is_refused(
         check_folder(folder)
 
 
+def test_the_download_fetches_safetensors_at_the_revision_and_refuses_pickles(
+    gpt2_folder, tmp_path, monkeypatch
+):
+    """lmpipe.models.hub asks the hub (huggingface_hub.snapshot_download, stood in for here: the
+    tests run offline) for the pinned revision and safetensors, config and tokenizer files only;
+    a repo that holds only pickled weights leaves nothing behind and names the model."""
+    import shutil
+
+    import huggingface_hub
+
+    from lmpipe.models import hub
+
+    asked = {}
+
+    def snapshot(repo, revision, allow_patterns, local_dir):
+        asked.update(repo=repo, revision=revision, patterns=allow_patterns)
+        for f in gpt2_folder.iterdir():
+            if repo == "ok/gpt2" or f.name == "config.json":
+                shutil.copy(f, local_dir)
+        if repo == "old/pickled":
+            (Path(local_dir) / "pytorch_model.bin").write_bytes(b"")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    names = hub.download("ok/gpt2", "abc123", tmp_path / "ok")
+    assert "model.safetensors" in names and asked["revision"] == "abc123"
+    assert "*.safetensors" in asked["patterns"] and "*.bin" not in asked["patterns"]
+    with pytest.raises(ReferenceError, match=r"hub model old/pickled@main: .*pickle-only"):
+        hub.download("old/pickled", None, tmp_path / "pickled")
+    assert not (tmp_path / "pickled").exists()
+
+
 # ---- the config ---------------------------------------------------------------------------------
 
 
@@ -162,6 +193,14 @@ def test_a_reference_run_needs_an_hf_model(base_config):
     config = with_reference(base_config, {"n_layer": 1, "n_head": 1, "n_embd": 8})
     refused = r"runs\.ref\.train: null \(a reference run\).*arch 'gpt2'"
     with pytest.raises(ConfigError, match=refused):
+        schema.validate(config)
+
+
+def test_a_shape_key_in_an_hf_entry_is_refused(base_config):
+    """The shape is the model's config.json's: a key that would contradict it is refused."""
+    config = with_reference(base_config, {"arch": "hf", "path": "openai-community/gpt2"})
+    config["models"]["ref"]["n_layer"] = 24
+    with pytest.raises(ConfigError, match=r"models\.ref\.n_layer: an `arch: hf` model's shape"):
         schema.validate(config)
 
 

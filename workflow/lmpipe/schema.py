@@ -133,6 +133,10 @@ def check_muon(config: dict[str, Any], name: str, model: Any) -> None:
         )
 
 
+# the keys of a model's shape (lmpipe.config.ModelConfig), which an `arch: hf` entry leaves out
+HF_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "padded_vocab_size")
+
+
 def check_reference_run(config: dict[str, Any], name: str) -> None:
     """A reference run (train: null) evaluates a Hugging Face model on a text dataset's val
     shard: its model is an `arch: hf` entry, and it has nothing to fine-tune from."""
@@ -290,8 +294,14 @@ def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     check_datasets(config)
     for name, m in config["models"].items():
-        if m["arch"] == "hf":
-            continue  # its shape is its config.json's (read by model_config)
+        if m["arch"] == "hf":  # its shape is its config.json's (read by model_config)
+            shape = [k for k in HF_SHAPE_KEYS if k in m]
+            if shape:
+                raise ConfigError(
+                    f"models.{name}.{shape[0]}: an `arch: hf` model's shape is its config.json's"
+                    f" ({m['path']}); leave {', '.join(shape)} out"
+                )
+            continue
         if m["n_embd"] % m["n_head"]:
             raise ConfigError(
                 f"models.{name}: n_embd {m['n_embd']} is not divisible by n_head {m['n_head']}"
