@@ -290,9 +290,9 @@ def check_datasets(config: dict[str, Any]) -> None:
             raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Checks across fields and sections; each error names the YAML path and the value."""
-    check_datasets(config)
+def check_models(config: dict[str, Any]) -> None:
+    """A shape's heads divide its width and its padding holds its vocabulary; an `arch: hf`
+    entry has no shape (its config.json's)."""
     for name, m in config["models"].items():
         if m["arch"] == "hf":  # its shape is its config.json's (read by model_config)
             shape = [k for k in HF_SHAPE_KEYS if k in m]
@@ -308,6 +308,12 @@ def check_config(config: dict[str, Any]) -> None:
             )
         if m["padded_vocab_size"] < m["vocab_size"]:
             raise ConfigError(f"models.{name}: padded_vocab_size is below vocab_size")
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Checks across fields and sections; each error names the YAML path and the value."""
+    check_datasets(config)
+    check_models(config)
     for name, r in config["runs"].items():
         where = f"runs.{name}"
         if r["dataset"] not in config["datasets"]:
