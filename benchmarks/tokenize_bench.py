@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lmpipe.config import TokenizeConfig
-from lmpipe.data.shards import read_shard
+from lmpipe.data.shards import GPT2_FORMAT, read_shard
 from lmpipe.data.tokenize import ShardWriter, encode_batch, read_documents, tokenize
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 
@@ -78,9 +78,8 @@ def write_all(batches: list[np.ndarray], out: Path) -> None:
     """The main thread's write: `batches` of tokens into shards (copied, hashed, written), at the
     embedded dataset's shard sizes."""
     out.mkdir(parents=True, exist_ok=True)
-    writer = ShardWriter(
-        out, TokenizeConfig(dataset="bench", shard_tokens=500_000, val_tokens=100_000)
-    )
+    cfg = TokenizeConfig(dataset="bench", shard_tokens=500_000, val_tokens=100_000)
+    writer = ShardWriter(out, cfg, GPT2_FORMAT)
     for tokens in batches:
         writer.write(tokens)
     writer.flush()

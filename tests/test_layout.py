@@ -16,6 +16,7 @@ PACKAGE = REPO / "workflow" / "lmpipe"
 # the ground: every stage may use these, and they use nothing above them
 GROUND = {
     "config",
+    "hf_config",
     "paths",
     "provenance",
     "files",

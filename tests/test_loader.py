@@ -115,3 +115,20 @@ def test_a_val_shard_shorter_than_one_batch_is_named(tmp_path):
     file = shard(tmp_path / "val.bin", 0, 16)
     with pytest.raises(ValueError, match="val.bin.*one validation batch of 16"):
         val_batches(file, 2, 4, 10_000, DataShare(0, 2))
+
+
+def test_uint32_shards_read_through_the_loader_and_the_val_batches(tmp_path):
+    """A vocabulary over 65,536 ids (Llama 3's 128,256): the loader and the val batches give
+    the ids of a uint32 shard whole, as int64."""
+    from lmpipe.data.shards import LLAMA3_FORMAT
+
+    base = 128_000  # ids past uint16: a uint16 read would wrap or misalign them
+    files = [tmp_path / "big.bin"]
+    write_shard(files[0], base + np.arange(200), LLAMA3_FORMAT)
+    ld = ShardLoader(files, micro_batch=2, seq_len=4, batch_tokens=8, dp=DataShare(0, 1))
+    for step in range(2):
+        x, y = ld.next_batch()
+        ex, ey = expected(base + 8 * step, 2, 4)
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+    (x, y), *_ = val_batches(files[0], 2, 4, 16, DataShare(0, 1))
+    assert torch.equal(x, expected(base, 2, 4)[0])

@@ -282,10 +282,11 @@ def test_a_job_of_a_rule_without_a_cost_stops_the_plan_naming_it(config):
 
 def test_the_plan_has_every_job_snakemake_runs(config, dags):
     """The 124M report's DAG holds the suite's download (a local rule), which the plan's own list
-    of jobs once left out; the plan is that DAG, job for job."""
+    of jobs once left out; the plan is that DAG, job for job: 14 jobs of the trained run, and 8
+    of the reference run gpt2-openai (its download, its folder, its 6 evaluations)."""
     jobs = jobs_of(config, dags["124m"])
-    assert "download_suite" in jobs
-    assert len(jobs) == len(dags["124m"]) == 14
+    assert {"download_suite", "download_model gpt2-openai", "reference gpt2-openai"} <= set(jobs)
+    assert len(jobs) == len(dags["124m"]) == 14 + 8
 
 
 def plan_cli(*args: str):

@@ -599,3 +599,29 @@ def test_accuracy_bands_are_wilson_intervals_and_labelled() -> None:
     assert np.isclose(band[:, 1], hi).any() and np.isclose(band[:, 1], z2 / (50 + z2)).any()
     assert WILSON_LABEL in ax.get_legend_handles_labels()[1]
     plt.close(fig)
+
+
+def test_a_reference_run_is_marked_measured_not_trained(layout: Layout, tmp_path: Path) -> None:
+    """A reference run (no train/ folder, only its evaluations) beside a trained one: measured,
+    not "not finished"; its path and revision shown, trust_remote_code only when on; not counted
+    among the runs trained on CPU cores."""
+    write_run(layout, "a")
+    ev = Path(layout.eval_dir("ref"))
+    ev.mkdir(parents=True)
+    for name, data in (("val_loss", {"value": 3.4251}), ("hellaswag", {"acc_norm": 0.2955}),
+                       ("samples", {"samples": []})):  # fmt: skip
+        (ev / f"{name}.json").write_text(json.dumps(data))
+    model = {"arch": "hf", "path": "openai-community/gpt2", "revision": "607a30d783dfa663",
+             "trust_remote_code": False}  # fmt: skip
+    ref = {"run": "ref", "dataset": "toy", "model": model, "reference": True,
+           "launch": {"device": "cpu", "nodes": 1, "procs_per_node": 1},
+           "evaluations": ["val_loss", "hellaswag", "samples"], "text_dataset": "toy"}  # fmt: skip
+    html = render(layout, {"a": settings(3e-3, device="cpu"), "ref": ref}, tmp_path)
+    row = row_text(html, "headline-ref")
+    assert "reference: measured, not trained" in row and "measured" in row.split("trained")[1]
+    assert "openai-community/gpt2 @ 607a30d783df" in row and "3.4251" in row
+    assert "trust_remote_code" not in row and 'id="status-ref"' not in html
+    assert re.search(r'id="cpu-note"[^>]*>\s*a trained on CPU', html)
+    model["trust_remote_code"] = True
+    html = render(layout, {"a": settings(3e-3, device="cpu"), "ref": ref}, tmp_path)
+    assert "trust_remote_code: on" in row_text(html, "headline-ref")

@@ -29,7 +29,9 @@ def test_plans_the_full_124m_dag_offline(workdir):
     planned = {
         "download": 1, "tokenize": 1, "train": 1, "convert": 1, "export_llmc": 1, "report": 1,
         "download_hellaswag": 1, "download_suite": 1,
-        "evaluate": 6,  # val_loss, hellaswag, hellaswag_lm_eval, samples, suite, suite_lm_eval
+        "download_model": 1, "reference": 1,  # the reference run gpt2-openai: no train, convert
+        # val_loss, hellaswag, hellaswag_lm_eval, samples, suite, suite_lm_eval, each of 2 runs
+        "evaluate": 12,
     }  # fmt: skip
     for rule, count in planned.items():
         assert re.search(rf"^{rule}\s+{count}$", out, re.M), (
@@ -144,7 +146,7 @@ def test_a_failed_jobs_cause_is_said_once_on_the_console(tmp_path):
     proc = snakemake(workdir, "--cores", "2", "results/runs/embedded-a/train/final", check=False)
     console = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    message = "embedded_train_000001.bin: 951024 bytes but the header says 500000 tokens"
+    message = "embedded_train_000001.bin: 951024 bytes but the header says 500000 uint16 tokens"
     assert console.count(message) == 1, console[-3000:]
     block = console[console.index("lmpipe: train (run=embedded-a) failed") :].splitlines()[:3]
     assert "ShardError" in block[1] and message in block[1], block

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lmpipe.hf_config import read_shape
 from lmpipe.paths import DEFAULT_CONFIG, Layout
 from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, EVALUATIONS, OPTIMIZERS
 from lmpipe.settings import optional, required, setting
@@ -149,7 +150,28 @@ def model_config(data: dict[str, Any], where: str) -> ModelConfig:
     for key in data:
         if key not in names:
             raise ConfigError(f"{where}: {_unknown_model_key(key, arch, names)}")
+    if arch == "hf":
+        data = data | hf_shape(data, where)
     return build(cls, data, where)
+
+
+def hf_shape(data: dict[str, Any], where: str) -> dict[str, int]:
+    """An `arch: hf` model's shape keys, from its config.json (lmpipe.hf_config): the model's
+    own, never the entry's."""
+    if not isinstance(data.get("path"), str):
+        raise ConfigError(f"{where}.path: required for model.arch 'hf' (a folder or a hub id)")
+    try:
+        s = read_shape(data["path"])
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{where}.path: {e}") from None
+    return {
+        "n_layer": s.n_layer,
+        "n_head": s.n_head,
+        "n_embd": s.n_embd,
+        "block_size": s.max_positions,
+        "vocab_size": s.vocab_size,
+        "padded_vocab_size": s.vocab_size,
+    }
 
 
 def _unknown_model_key(key: str, arch: str, names: typing.Iterable[str]) -> str:
@@ -383,7 +405,7 @@ class RunConfig:
     dataset: str
     model_name: str  # its entry in `models:` (d12, ...)
     model: ModelConfig
-    train: TrainConfig
+    train: TrainConfig | None  # None: a reference run (evaluated, never trained)
     launch: LaunchConfig
     eval: dict[str, Any] = field(default_factory=dict)  # section -> its settings dataclass
     base: BaseConfig | None = None
@@ -521,13 +543,50 @@ def run_config(config: dict[str, Any], run: str) -> RunConfig:
         dataset=r["dataset"],
         model_name=r["model"],
         model=model_config(config["models"][r["model"]], f"models.{r['model']}"),
-        train=train_config(r["train"], f"{where}.train"),
+        train=None if r["train"] is None else train_config(r["train"], f"{where}.train"),
         launch=build(LaunchConfig, r["launch"], f"{where}.launch"),
         eval={s: build(cls, r["eval"][s], f"{where}.eval.{s}") for s, cls in EVAL_SECTIONS.items()},
         base=build(BaseConfig, r["base"], f"{where}.base") if "base" in r else None,
         sft=build(SFTConfig, r["sft"], f"{where}.sft") if "sft" in r else None,
         logging=build(LoggingConfig, r.get("logging", {}), f"{where}.logging"),
     )
+
+
+def is_reference(config: dict[str, Any], run: str) -> bool:
+    """A reference run (`train: null`): a Hugging Face model evaluated as it is, never trained;
+    its model/hf/ is that model's folder (the `reference` rule), not a conversion."""
+    return config["runs"][run]["train"] is None
+
+
+def hub_models(config: dict[str, Any]) -> list[str]:
+    """The `arch: hf` models named by a hub id (a path that is no local folder): the ones the
+    `download_model` rule fetches."""
+    return [
+        name
+        for name, m in config["models"].items()
+        if m.get("arch") == "hf" and not Path(m["path"]).is_dir()
+    ]
+
+
+def reference_source(config: dict[str, Any], run: str) -> str:
+    """The folder a reference run's model is read from: a local folder as it is, a hub model's
+    download."""
+    name = config["runs"][run]["model"]
+    if name in hub_models(config):
+        return layout(config).hub_model_dir(name)
+    return config["models"][name]["path"]
+
+
+def base_source(config: dict[str, Any], run: str) -> str:
+    """A fine-tuning run's starting weights: its base run's final checkpoint, or its `hf`
+    folder; a hub id that is an `arch: hf` model's path, as the download stage fetched it."""
+    base = config["runs"][run]["base"]
+    if base.get("run"):
+        return layout(config).final_checkpoint(base["run"])
+    for name in hub_models(config):
+        if config["models"][name]["path"] == base["hf"]:
+            return layout(config).hub_model_dir(name)
+    return base["hf"]
 
 
 def exports_llmc(config: dict[str, Any], run: str) -> bool:
@@ -720,10 +779,31 @@ def in_training(rc: RunConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
+def download_model_params(config: dict[str, Any], model: str) -> str:
+    """A hub model's id and revision (what the download fetches)."""
+    m = config["models"][model]
+    return canonical_json({"model": model, "path": m["path"], "revision": m.get("revision")})
+
+
+def reference_params(config: dict[str, Any], run: str) -> dict[str, Any]:
+    """A reference run as the report shows it: its model (the hf entry: path, revision,
+    trust_remote_code, the shape read from its config.json), data and placement."""
+    rc = run_config(config, run)
+    return {
+        "run": run,
+        "dataset": rc.dataset,
+        "model": model_settings(rc.model),
+        "reference": True,
+        "launch": {f.name: getattr(rc.launch, f.name) for f in dataclasses.fields(Placement)},
+    }
+
+
 def train_params(config: dict[str, Any], run: str) -> str:
     """Model, training settings, placement (and a fine-tuning run's base and epochs): everything
     that shapes the trajectory or its logs, as a TrainJob."""
     rc = run_config(config, run)
+    if rc.train is None:
+        raise ConfigError(f"runs.{run}: a reference run (train: null) has no train job")
     job = {
         "run": run,
         "dataset": rc.dataset,
@@ -763,7 +843,11 @@ def report_params(config: dict[str, Any], report: str) -> str:
     for r in rep["runs"]:
         rc = run_config(config, r)
         # what each run was trained and evaluated with: the report shows them side by side
-        runs[r] = json.loads(train_params(config, r)) | {
+        if rc.train is None:
+            how = reference_params(config, r)
+        else:
+            how = json.loads(train_params(config, r))
+        runs[r] = how | {
             "eval": {s: dataclasses.asdict(v) for s, v in rc.eval.items()},
             "evaluations": evaluations_of(config, r),
             "text_dataset": text_dataset(config, r),

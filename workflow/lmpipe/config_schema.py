@@ -33,7 +33,7 @@ from lmpipe.config import (
     TokenizeConfig,
     TrainConfig,
 )
-from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
+from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS, HFSettings
 from lmpipe.settings import section_schema
 
 HEADER = """\
@@ -87,6 +87,12 @@ def dataset_schema() -> dict[str, Any]:
         "type": "number",
         "exclusiveMinimum": 0,
     }
+    props["approx_conversations"] = {
+        "description": "for the plan only: about how many conversations a hub conversations"
+        " dataset holds (a fine-tuning run's steps before it is downloaded); changes no job",
+        "type": "integer",
+        "minimum": 1,
+    }
     props["mixture"] = {
         "description": "a mixture of other (text) datasets: name -> weight (or tokens); each"
         " step's rows are drawn from them in proportion (lmpipe.data.mixture)",
@@ -120,14 +126,23 @@ def model_schema() -> dict[str, Any]:
     """A `models:` entry: the shape, and the settings of its arch (lmpipe.registry
     Architecture.settings). Which other keys are refused depends on the arch: lmpipe.config's
     model_config checks them, naming the arch a key belongs to."""
-    schema = section_schema(ModelConfig)
-    schema["additionalProperties"] = True
-    schema["allOf"] = [
-        _branch("arch", a.name, {"properties": section_schema(a.settings)["properties"]})
-        for a in ARCHITECTURES.values()
-        if a.settings is not None
-    ]
-    return schema
+    shape = section_schema(ModelConfig)
+    arch = shape["properties"].pop("arch")
+    hf = _branch("arch", "hf", {"properties": section_schema(HFSettings)["properties"]})
+    hf["then"]["required"] = ["path"]
+    hf["else"] = {"properties": shape["properties"], "required": shape["required"]}
+    return {
+        "type": "object",
+        "description": shape.get("description", ""),
+        "additionalProperties": True,
+        "properties": {"arch": arch},
+        "allOf": [hf]
+        + [
+            _branch("arch", a.name, {"properties": section_schema(a.settings)["properties"]})
+            for a in ARCHITECTURES.values()
+            if a.settings is not None and a.settings is not HFSettings
+        ],
+    }
 
 
 def optimizer_schema() -> dict[str, Any]:
@@ -161,7 +176,13 @@ def run_schema() -> dict[str, Any]:
         "properties": {
             "dataset": {"description": "a key of `datasets:`", "type": "string"},
             "model": {"description": "a key of `models:`", "type": "string"},
-            "train": ref("train"),
+            "train": {
+                "description": "training settings; null: a reference run (a Hugging Face"
+                " model evaluated as it is, never trained)",
+                "if": {"type": "object"},
+                "then": ref("train"),
+                "else": {"type": "null"},
+            },
             "launch": ref("launch"),
             "eval": ref("eval", default={}),
             "logging": ref("logging", default={}),

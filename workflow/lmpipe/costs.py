@@ -34,6 +34,7 @@ import yaml
 from lmpipe import config as lmconfig
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.hardware import GPU_BF16_PEAK, GPU_MEMORY_GB, by_gpu, gpu_peak_flops
+from lmpipe.hf_config import read_shape
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import ARCHITECTURES, EVALUATIONS, HELLASWAG_ITEM_TOKENS, EvalRun, code
 from lmpipe.throughputs import basis, figure, stated, throughputs
@@ -112,6 +113,19 @@ def device_flops(run: lmconfig.RunConfig, gpu: str | None, kind: str) -> tuple[f
     return peak * mfu, f"{label} peak x MFU {mfu:.0%} {basis(kind, 'gpu_mfu')}"
 
 
+def block_values_a_token(m: lmconfig.ModelConfig) -> float:
+    """Activations a block keeps for its backward, in values a token: Korthikanti et al.'s
+    34 C bytes in bf16 (17 C values) for GPT-2's shape; for a Hugging Face model, from its
+    config.json's shape (lmpipe.hf_config): the two norms' inputs and outputs (4 C), q, k and v
+    (GQA's fewer k and v heads), the attention's output, and the MLP's inner activations (a gated
+    MLP: gate, up, the activation and the product, 4 I; GPT-2's: 2 I)."""
+    if m.arch != "hf":
+        return 17 * m.n_embd
+    s = read_shape(m.path)
+    q, kv = s.n_head * s.head_dim, s.n_kv_head * s.head_dim
+    return 4 * s.n_embd + 2 * q + 2 * kv + (4 if s.gated_mlp else 2) * s.intermediate
+
+
 def gpu_memory_gb(run: lmconfig.RunConfig, recompute: str | None = None) -> float:
     """A GPU's peak memory in training, roughly: fp32 params, grads and AdamW's two moments
     sharded over the ranks (16N/W bytes); the bf16 params gathered for forward and backward (2N,
@@ -128,7 +142,7 @@ def gpu_memory_gb(run: lmconfig.RunConfig, recompute: str | None = None) -> floa
     tokens = t.micro_batch * t.seq_len
     act_bytes = 2 if t.dtype == "bfloat16" else 4
     params = 16 * n / run.launch.world_size + act_bytes * n
-    block = 34 * m.n_embd * tokens * act_bytes / 2
+    block = block_values_a_token(m) * tokens * act_bytes
     kept = {"none": block, "selective": 22 / 34 * block, "full": 2 * m.n_embd * tokens}
     activations = kept[recompute] * m.n_layer + (block if recompute != "none" else 0)
     logits_rows = min(tokens, t.loss_chunk_tokens) if t.loss_chunk_tokens else tokens
@@ -190,7 +204,7 @@ def whole_dataset_tokens(config: dict[str, Any], dataset: str) -> float:
     trained = [
         r["train"]["max_steps"] * r["train"]["batch_tokens"]
         for r in config["runs"].values()
-        if r["dataset"] == dataset and "max_steps" in r["train"]
+        if r["dataset"] == dataset and "max_steps" in (r["train"] or {})
     ]
     return float(max(trained, default=0))
 
@@ -473,6 +487,8 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     work_s = train_s + val_s + (evals.seconds if evals else 0.0) + io_s
     startup = startup_s(rc, "train")
     basis = f"{tokens:.3g} tokens; {how}" + (in_training_basis(evals) if evals else "")
+    if launch.device == "cuda":
+        basis += "; " + memory_basis(rc)
     if not rc.fine_tuning:
         repeats = {s: e for s, e in epochs(config, rc.dataset, tokens).items() if e > 1}
         basis += "".join(f"; {e:.1f} epochs of {s}" for s, e in repeats.items())
@@ -510,6 +526,16 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
     return job
 
 
+def memory_basis(rc: lmconfig.RunConfig) -> str:
+    """A GPU's memory under each train.activation_checkpointing, the run's marked."""
+    modes = ", ".join(
+        f"{mode}{'*' if mode == rc.train.activation_checkpointing else ''}"
+        f" {gpu_memory_gb(rc, mode):.0f} GB"
+        for mode in ("none", "selective", "full")
+    )
+    return f"memory a GPU by activation checkpointing: {modes}"
+
+
 def memory_problems(rc: lmconfig.RunConfig, gpu: str) -> list[str]:
     """A train job whose estimated memory a GPU (gpu_memory_gb) is over what the GPU holds:
     what it needs, and what recompute (train.activation_checkpointing) would bring it to."""
@@ -530,15 +556,17 @@ def memory_problems(rc: lmconfig.RunConfig, gpu: str) -> list[str]:
 
 def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:
     """A fine-tuning run's steps, from its epochs and the conversations it will keep (a local
-    file's count, less the held-out share); 0 when the data is on the hub (unknown yet)."""
+    file's count, or a hub dataset's `approx_conversations`, less the held-out share); 0 when
+    the data is on the hub and its size not given (unknown yet)."""
     d = config["datasets"][rc.dataset]
     if d["source"] != "local" or not Path(d["path"]).is_file():
-        return 0
-    text = Path(d["path"]).read_text()
-    try:
-        count = len(json.loads(text))
-    except json.JSONDecodeError:
-        count = sum(1 for line in text.splitlines() if line.strip())
+        count = d.get("approx_conversations") or 0
+    else:
+        text = Path(d["path"]).read_text()
+        try:
+            count = len(json.loads(text))
+        except json.JSONDecodeError:
+            count = sum(1 for line in text.splitlines() if line.strip())
     rows = int(count * (1 - d["val_percent"] / 100))
     return rc.sft.epochs * (rows // (rc.train.batch_tokens // rc.train.seq_len))
 

@@ -58,6 +58,11 @@ class Layout:
     def suite_manifest(self) -> str:
         return f"{self.suite_dir()}/manifest.json"
 
+    def hub_model_dir(self, model: str) -> str:
+        """A hub model of `models:` as the download stage fetched it (safetensors, config and
+        tokenizer files)."""
+        return f"{self.data}/models/{model}"
+
     # ---- a run ----
     def run_dir(self, run: str) -> str:
         return f"{self.results}/runs/{run}"

@@ -47,6 +47,19 @@ def download_job(config: dict[str, Any], dataset: str) -> Job:
     )  # fmt: skip
 
 
+def download_model_job(config: dict[str, Any], model: str) -> Job:
+    """A local rule: a hub model's weights (bf16/fp16 safetensors: 2 bytes a parameter, from its
+    config.json's count) at the hub's rate."""
+    m = lmconfig.model_config(config["models"][model], f"models.{model}")
+    weights = 2 * costs.num_params(m)
+    rate = stated("io", "download_bytes_per_s", "{:.0f} MB/s", 1e-6)
+    basis = f"{weights / 1e9:.3g} GB of weights (2 bytes a parameter) at {rate} (local rule)"
+    return Job(
+        "download_model", model, "", estimate_s=weights / figure("io", "download_bytes_per_s"),
+        disk_bytes=weights, basis=basis,
+    )  # fmt: skip
+
+
 def export_llmc_job(config: dict[str, Any], run: str) -> Job:
     """A CPU job of one core (the rule asks for no GPU): the weights read, llm.c's file written."""
     job = costs.convert_job(config, run)
@@ -76,7 +89,17 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None], Job
         "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),
     "train": lambda c, w, gpu: costs.train_job(c, w["run"], gpu),
+    "download_model": lambda c, w, gpu: download_model_job(c, w["model"]),
     "convert": lambda c, w, gpu: costs.convert_job(c, w["run"], gpu),
+    "reference": lambda c, w, gpu: Job(
+        "reference",
+        w["run"],
+        "cpu",
+        mem_mb=1000,
+        estimate_s=5,
+        limit_min=15,
+        basis="links the model's files (no copy)",
+    ),  # fmt: skip
     "export_llmc": lambda c, w, gpu: export_llmc_job(c, w["run"]),
     "evaluate": lambda c, w, gpu: costs.eval_job(c, w["run"], w["eval"], gpu),
     "report": lambda c, w, gpu: Job(
@@ -120,6 +143,8 @@ def report_plan(config: dict[str, Any], report: str) -> str:
     price = config["reports"][report]["gpu_hour_price"]
     runs = {}
     for run in config["reports"][report]["runs"]:
+        if lmconfig.is_reference(config, run):
+            continue  # measured, never trained: no training to estimate
         job = costs.train_job(config, run, None)
         hour_price = costs.gpu_hour_price(price, job.gpu) if job.gpus else None
         runs[run] = {

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpipe.eval.suite import tasks as suite_tasks  # a definition module: torch-free, no lmpipe
+from lmpipe.hf_config import read_shape
 from lmpipe.settings import optional, required, setting
 from lmpipe.throughputs import figure
 
@@ -210,6 +211,18 @@ def modern_flops_params(m: Any) -> int:
     return modern_params(m) - embedding - value_embedding_params(m)  # lookups, no matmul
 
 
+@dataclass(frozen=True, kw_only=True)
+class HFSettings:
+    """model.arch hf: a Hugging Face decoder-only causal LM, by a local folder or a hub id. Its
+    shape is its config.json's (lmpipe.hf_config): a `models:` entry of this arch sets none."""
+
+    path: str = required("a local model folder, or a hub id (fetched by the download stage)")
+    revision: str | None = optional("the hub revision (a commit sha pins it); null: main")
+    trust_remote_code: bool = setting(
+        False, "run the model repo's own Python code (the report says so when on)"
+    )
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -232,6 +245,15 @@ ARCHITECTURES: dict[str, Architecture] = {
             # separate queries, keys and values 2 more
             hidden_matrices=lambda m: 2 * m.n_layer + attention_matrices(m) * attention_layers(m),
             flops_params=modern_flops_params,
+        ),
+        Architecture(
+            "hf",
+            "lmpipe.models.hf",
+            "a Hugging Face causal LM (GPT-2, Llama, Mistral, Qwen2 families), weights from"
+            " safetensors",
+            lambda m: read_shape(m.path).num_params,
+            settings=HFSettings,
+            flops_params=lambda m: read_shape(m.path).flops_params,
         ),
     )
 }

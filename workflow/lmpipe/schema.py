@@ -109,7 +109,8 @@ def validate_registry_sections(config: dict[str, Any]) -> None:
     for name, m in config["models"].items():
         model_config(m, f"models.{name}")
     for name, r in config["runs"].items():
-        optimizer_settings(r["train"]["optimizer"], f"runs.{name}.train.optimizer")
+        if r["train"] is not None:
+            optimizer_settings(r["train"]["optimizer"], f"runs.{name}.train.optimizer")
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -129,6 +130,29 @@ def check_muon(config: dict[str, Any], name: str, model: Any) -> None:
         raise ConfigError(
             f"runs.{name}.train.optimizer.name: muon orthogonalises the 2-D weights of the"
             f" model's blocks, and model {r['model']!r} ({model.arch}) has none: use adamw"
+        )
+
+
+# the keys of a model's shape (lmpipe.config.ModelConfig), which an `arch: hf` entry leaves out
+HF_SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "padded_vocab_size")
+
+
+def check_reference_run(config: dict[str, Any], name: str) -> None:
+    """A reference run (train: null) evaluates a Hugging Face model on a text dataset's val
+    shard: its model is an `arch: hf` entry, and it has nothing to fine-tune from."""
+    r, where = config["runs"][name], f"runs.{name}"
+    arch = config["models"][r["model"]]["arch"]
+    if arch != "hf":
+        raise ConfigError(
+            f"{where}.train: null (a reference run) evaluates a Hugging Face model as it is, and"
+            f" model {r['model']!r} is arch {arch!r}: give it `train:`, or name an `arch: hf` model"
+        )
+    if "base" in r or "sft" in r:
+        raise ConfigError(f"{where}: a reference run (train: null) has no base or sft")
+    if is_conversations(config, r["dataset"]):
+        raise ConfigError(
+            f"{where}.dataset: {r['dataset']!r} is conversations; a reference run is scored on"
+            " a text dataset's val shard"
         )
 
 
@@ -266,16 +290,30 @@ def check_datasets(config: dict[str, Any]) -> None:
             raise ConfigError(f"{where}: source 'huggingface' needs `repo` and `name`")
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Checks across fields and sections; each error names the YAML path and the value."""
-    check_datasets(config)
+def check_models(config: dict[str, Any]) -> None:
+    """A shape's heads divide its width and its padding holds its vocabulary; an `arch: hf`
+    entry has no shape (its config.json's)."""
     for name, m in config["models"].items():
+        if m["arch"] == "hf":  # its shape is its config.json's (read by model_config)
+            shape = [k for k in HF_SHAPE_KEYS if k in m]
+            if shape:
+                raise ConfigError(
+                    f"models.{name}.{shape[0]}: an `arch: hf` model's shape is its config.json's"
+                    f" ({m['path']}); leave {', '.join(shape)} out"
+                )
+            continue
         if m["n_embd"] % m["n_head"]:
             raise ConfigError(
                 f"models.{name}: n_embd {m['n_embd']} is not divisible by n_head {m['n_head']}"
             )
         if m["padded_vocab_size"] < m["vocab_size"]:
             raise ConfigError(f"models.{name}: padded_vocab_size is below vocab_size")
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Checks across fields and sections; each error names the YAML path and the value."""
+    check_datasets(config)
+    check_models(config)
     for name, r in config["runs"].items():
         where = f"runs.{name}"
         if r["dataset"] not in config["datasets"]:
@@ -288,6 +326,10 @@ def check_config(config: dict[str, Any]) -> None:
                 f"{where}.model: unknown model {r['model']!r}"
                 f"{did_you_mean(r['model'], config['models'])}"
             )
+        if r["train"] is None:
+            check_reference_run(config, name)
+            check_evals(config, name, run_config(config, name))
+            continue
         if "base" in r or "sft" in r:
             check_fine_tuning_run(config, name)
         elif is_conversations(config, r["dataset"]):

@@ -61,6 +61,11 @@ wildcard_constraints:
     eval=one_of(EVALUATIONS),
 
 
+# reference runs (train: null: a Hugging Face model evaluated, never trained) and the others
+REFERENCE_RUNS = [r for r in config["runs"] if lmconfig.is_reference(config, r)]
+TRAINED_RUNS = [r for r in config["runs"] if r not in REFERENCE_RUNS]
+
+
 def get_run(wildcards):
     return lmconfig.run_config(config, wildcards.run)
 
@@ -129,8 +134,10 @@ def get_report_readers():
 
 def get_report_inputs(wildcards):
     runs = config["reports"][wildcards.report]["runs"]
-    finals = [LAYOUT.final_checkpoint(r) for r in runs]
-    finals += [LAYOUT.llmc_file(r) for r in runs if lmconfig.exports_llmc(config, r)]
+    trained = [r for r in runs if r in TRAINED_RUNS]
+    finals = [LAYOUT.final_checkpoint(r) for r in trained]
+    finals += [LAYOUT.llmc_file(r) for r in trained if lmconfig.exports_llmc(config, r)]
+    finals += [LAYOUT.hf_dir(r) for r in runs if r in REFERENCE_RUNS]
     evals = [f for r in runs for f in get_eval_outputs(r)]
     manifests = sorted(
         {LAYOUT.tokens_manifest(lmconfig.text_dataset(config, r)) for r in runs}
@@ -150,7 +157,7 @@ def get_train_inputs(wildcards):
     if not run.fine_tuning:
         inputs = {"data": LAYOUT.tokens_manifest(run.dataset)}
     else:
-        base = LAYOUT.final_checkpoint(run.base.run) if run.base.run else run.base.hf
+        base = lmconfig.base_source(config, wildcards.run)
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
     for name in lmconfig.in_training(run):
         for kind in EVALUATIONS[name].inputs:

@@ -11,6 +11,8 @@ rule convert:
         LAYOUT.log("convert", "{run}"),
     benchmark:
         LAYOUT.benchmark("convert", "{run}")
+    wildcard_constraints:
+        run=one_of(TRAINED_RUNS),
     conda:
         "../../envs/convert.yaml"
     # a GPU run's: one GPU of its kind and its share of a node (lmpipe.resources)
@@ -43,3 +45,27 @@ rule export_llmc:
         runtime=lambda wc: get_derived(wc, "convert", "runtime"),
     shell:
         "python -m lmpipe.models --checkpoint {input.final:q} --llmc-out {output:q} > {log} 2>&1"
+
+
+# A reference run (train: null): its model/hf/ is the Hugging Face folder itself, linked file by
+# file (a 7B model's 13 GB are not copied), so every evaluation reads it as it reads a converted
+# run's, and the report finds it where it finds every run's. Checked first: safetensors weights
+# (a pickle-only folder is refused), and a GPT-2 folder one the gpt2 architecture loads.
+
+
+rule reference:
+    input:
+        source=lambda wc: lmconfig.reference_source(config, wc.run),
+    output:
+        hf=directory(LAYOUT.hf_dir("{run}")),
+    log:
+        LAYOUT.log("reference", "{run}"),
+    benchmark:
+        LAYOUT.benchmark("reference", "{run}")
+    wildcard_constraints:
+        run=one_of(REFERENCE_RUNS),
+    conda:
+        "../../envs/convert.yaml"
+    shell:
+        "python -m lmpipe.models.reference --source {input.source:q} --out {output.hf:q}"
+        " > {log} 2>&1"

@@ -6,6 +6,7 @@ localrules:
     download,
     download_hellaswag,
     download_suite,
+    download_model,
     mixture,
 
 
@@ -46,6 +47,25 @@ rule download_suite:
         "../../envs/data.yaml"
     shell:
         "python -m lmpipe.eval.suite.data --out {output:q} > {log} 2>&1"
+
+
+# a hub model of `models:` (arch hf): safetensors, config and tokenizer files at the pinned
+# revision (lmpipe.models.hub); the only time a model downloads
+rule download_model:
+    output:
+        directory(LAYOUT.hub_model_dir("{model}")),
+    log:
+        LAYOUT.log("download", "model/{model}"),
+    benchmark:
+        LAYOUT.benchmark("download", "model/{model}")
+    wildcard_constraints:
+        model=one_of(lmconfig.hub_models(config)),
+    conda:
+        "../../envs/convert.yaml"
+    params:
+        cfg=lambda wc: lmconfig.download_model_params(config, wc.model),
+    shell:
+        "python -m lmpipe.models.hub --config-json {params.cfg:q} --out {output:q} > {log} 2>&1"
 
 
 rule tokenize_part:

@@ -17,6 +17,8 @@ rule train:
         LAYOUT.log("train", "{run}"),
     benchmark:
         LAYOUT.benchmark("train", "{run}")
+    wildcard_constraints:
+        run=one_of(TRAINED_RUNS),
     priority: get_train_priority
     conda:
         "../../envs/train.yaml"

@@ -1,9 +1,15 @@
 """llm.c token shards: the one place that knows the file format.
 
-A shard is a header of 256 little-endian int32 followed by the tokens as uint16:
-    header[0] = 20240520 (magic), header[1] = 1 (version), header[2] = number of tokens.
-This is what llm.c's `dev/data/fineweb.py` writes and `train_gpt2.py` reads, so shards
-interchange with llm.c. Readers check magic, version and size, and name the file when one is wrong.
+A shard is a header of 256 little-endian int32 followed by the tokens:
+    header[0] = magic, header[1] = version, header[2] = number of tokens,
+with two formats, as llm.c's `dev/data/data_common.py` (`HEADERS_INFO`, `write_datafile`;
+karpathy/llm.c) defines them:
+    GPT-2:   magic 20240520, version 1, tokens as uint16 (a vocabulary of up to 65,536 ids);
+    Llama-3: magic 20240801, version 7, tokens as uint32 (a larger vocabulary).
+A writer picks the uint16 format whenever the vocabulary fits (`shard_format`), so GPT-2 shards
+are byte-identical to llm.c's `dev/data/fineweb.py` output; readers take the dtype from the
+header and check magic, version and size (llm.c's `train_gpt2.py` and `train_llama3.py`
+`_load_data_shard` check the same), naming the file when one is wrong.
 
 A tokenized dataset's `manifest.json` lists its shards in order, each with its split, tokens and
 sha256; `read_manifest` is its one reader (the loaders, the val-loss evaluation, the data's
@@ -19,36 +25,69 @@ import numpy as np
 
 from lmpipe.files import atomic_file, read_json
 
-MAGIC = 20240520
-VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-TOKEN_DTYPE = np.dtype("<u2")
-MAX_TOKEN = np.iinfo(TOKEN_DTYPE).max
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """One of llm.c's shard formats: its header's magic and version, and its tokens' dtype."""
+
+    name: str
+    magic: int
+    version: int
+    dtype: np.dtype
+
+    @property
+    def max_token(self) -> int:
+        return int(np.iinfo(self.dtype).max)
+
+
+GPT2_FORMAT = ShardFormat("gpt-2", 20240520, 1, np.dtype("<u2"))
+LLAMA3_FORMAT = ShardFormat("llama-3", 20240801, 7, np.dtype("<u4"))
+FORMATS = {f.magic: f for f in (GPT2_FORMAT, LLAMA3_FORMAT)}
+
+
+def shard_format(vocab_size: int) -> ShardFormat:
+    """uint16 shards when every id of a `vocab_size` vocabulary fits in them, else uint32."""
+    if vocab_size <= GPT2_FORMAT.max_token + 1:
+        return GPT2_FORMAT
+    if vocab_size <= LLAMA3_FORMAT.max_token + 1:
+        return LLAMA3_FORMAT
+    raise ValueError(f"a vocabulary of {vocab_size:,} tokens does not fit in uint32 shards")
 
 
 class ShardError(ValueError):
     """A shard file that is not a valid llm.c shard; the message names the file."""
 
 
-def header_bytes(num_tokens: int) -> bytes:
+@dataclass(frozen=True)
+class ShardHeader:
+    """A checked shard header: its format and token count."""
+
+    format: ShardFormat
+    tokens: int
+
+
+def header_bytes(num_tokens: int, fmt: ShardFormat = GPT2_FORMAT) -> bytes:
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1], header[2] = MAGIC, VERSION, num_tokens
+    header[0], header[1], header[2] = fmt.magic, fmt.version, num_tokens
     return header.tobytes()
 
 
-def write_shard(path: str | Path, tokens: np.ndarray) -> None:
-    """Write `tokens` atomically: to `path.tmp`, then rename, so a crash leaves no half shard."""
+def write_shard(path: str | Path, tokens: np.ndarray, fmt: ShardFormat = GPT2_FORMAT) -> None:
+    """Write `tokens` in `fmt` atomically: to `path.tmp`, then rename, so a crash leaves no
+    half shard."""
     tokens = np.asarray(tokens)
-    if tokens.size and (tokens.min() < 0 or tokens.max() > MAX_TOKEN):
-        raise ValueError(f"{path}: token ids must fit in uint16")
+    if tokens.size and (tokens.min() < 0 or tokens.max() > fmt.max_token):
+        raise ValueError(f"{path}: token ids must fit in {fmt.dtype.name} ({fmt.name} shards)")
     with atomic_file(path) as tmp, open(tmp, "wb") as f:
-        f.write(header_bytes(len(tokens)))
-        f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+        f.write(header_bytes(len(tokens), fmt))
+        f.write(tokens.astype(fmt.dtype, copy=False).tobytes())
 
 
-def read_header(path: str | Path) -> int:
-    """Check a shard's header and size; return its token count."""
+def read_shard_header(path: str | Path) -> ShardHeader:
+    """Check a shard's header and size; return its format and token count."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -57,30 +96,40 @@ def read_header(path: str | Path) -> int:
     if size < HEADER_BYTES:
         raise ShardError(f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte header")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    if header[0] != MAGIC:
-        raise ShardError(f"{path}: bad magic {header[0]} (expected {MAGIC}); not an llm.c shard")
-    if header[1] != VERSION:
-        raise ShardError(f"{path}: unsupported version {header[1]} (expected {VERSION})")
+    fmt = FORMATS.get(int(header[0]))
+    if fmt is None:
+        expected = " or ".join(str(m) for m in FORMATS)
+        raise ShardError(f"{path}: bad magic {header[0]} (expected {expected}); not an llm.c shard")
+    if header[1] != fmt.version:
+        raise ShardError(
+            f"{path}: unsupported version {header[1]} (expected {fmt.version} for magic"
+            f" {fmt.magic})"
+        )
     num_tokens = int(header[2])
-    expected = HEADER_BYTES + num_tokens * TOKEN_DTYPE.itemsize
+    expected = HEADER_BYTES + num_tokens * fmt.dtype.itemsize
     if size != expected:
         raise ShardError(
-            f"{path}: {size} bytes but the header says {num_tokens} tokens ({expected} bytes);"
-            " truncated or corrupt"
+            f"{path}: {size} bytes but the header says {num_tokens} {fmt.dtype.name} tokens"
+            f" ({expected} bytes); truncated or corrupt"
         )
-    return num_tokens
+    return ShardHeader(fmt, num_tokens)
+
+
+def read_header(path: str | Path) -> int:
+    """Check a shard's header and size; return its token count."""
+    return read_shard_header(path).tokens
 
 
 def read_shard(path: str | Path, mmap: bool = True) -> np.ndarray:
-    """The shard's tokens as a uint16 array (memory-mapped by default: shards are 200 MB)."""
-    num_tokens = read_header(path)
+    """The shard's tokens, uint16 or uint32 as its header says (memory-mapped by default:
+    shards are 200 MB)."""
+    header = read_shard_header(path)
+    dtype = header.format.dtype
     if mmap:
-        return np.memmap(
-            path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(num_tokens,)
-        )
+        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(header.tokens,))
     with open(path, "rb") as f:
         f.seek(HEADER_BYTES)
-        return np.frombuffer(f.read(), dtype=TOKEN_DTYPE)
+        return np.frombuffer(f.read(), dtype=dtype)
 
 
 @dataclass(frozen=True)

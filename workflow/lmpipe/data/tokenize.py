@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from lmpipe.config import TokenizeConfig, build
-from lmpipe.data.shards import TOKEN_DTYPE, header_bytes, read_shard
+from lmpipe.data.shards import ShardFormat, header_bytes, read_shard, shard_format
 from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
 from lmpipe.files import atomic_dir, atomic_file
 from lmpipe.paths import shard_name
@@ -86,14 +86,19 @@ def read_documents(path: Path, text_column: str) -> Iterator[list[str]]:
 
 
 def encode_batch(texts: list[str], tokenizer_dir: str) -> np.ndarray:
-    """`<|endoftext|>` + tokens for each document, concatenated, as uint16."""
+    """`<|endoftext|>` + tokens for each document, concatenated, in the shards' dtype."""
     enc = gpt2_encoding(tokenizer_dir)
     parts = []
     eot = np.array([EOT_ID], dtype=np.uint32)
     for text in texts:
         parts.append(eot)
         parts.append(enc.encode_to_numpy(text, disallowed_special=()))  # = encode_ordinary
-    return np.concatenate(parts).astype(TOKEN_DTYPE)
+    return np.concatenate(parts).astype(tokens_format(tokenizer_dir).dtype)
+
+
+def tokens_format(tokenizer_dir: str) -> ShardFormat:
+    """The shard format the tokenizer's ids fit: uint16 for GPT-2's 50,257."""
+    return shard_format(gpt2_encoding(tokenizer_dir).n_vocab)
 
 
 def ordered_map(pool: ThreadPoolExecutor, fn, items, window: int) -> Iterator:
@@ -110,10 +115,10 @@ def ordered_map(pool: ThreadPoolExecutor, fn, items, window: int) -> Iterator:
 class ShardWriter:
     """Fills shards of fixed size from a stream of token arrays; hashes as it writes."""
 
-    def __init__(self, out: Path, cfg: TokenizeConfig):
-        self.out, self.cfg = out, cfg
+    def __init__(self, out: Path, cfg: TokenizeConfig, fmt: ShardFormat):
+        self.out, self.cfg, self.fmt = out, cfg, fmt
         self.index, self.shards = 0, []
-        self.buffer = np.empty(cfg.val_tokens, dtype=TOKEN_DTYPE)
+        self.buffer = np.empty(cfg.val_tokens, dtype=fmt.dtype)
         self.filled = 0
 
     def write(self, tokens: np.ndarray) -> None:
@@ -130,14 +135,14 @@ class ShardWriter:
             return
         split = "val" if self.index == 0 else "train"
         name = shard_name(self.cfg.dataset, split, self.index)
-        data = header_bytes(self.filled) + self.buffer[: self.filled].tobytes()
+        data = header_bytes(self.filled, self.fmt) + self.buffer[: self.filled].tobytes()
         (self.out / name).write_bytes(data)
         sha = hashlib.sha256(data).hexdigest()
         self.shards.append({"file": name, "split": split, "tokens": self.filled, "sha256": sha})
         self.index += 1
         self.filled = 0
         if len(self.buffer) != self.cfg.shard_tokens:
-            self.buffer = np.empty(self.cfg.shard_tokens, dtype=TOKEN_DTYPE)
+            self.buffer = np.empty(self.cfg.shard_tokens, dtype=self.fmt.dtype)
 
 
 def raw_files(raw_manifest: Path, part: int = 0, parts: int = 1) -> tuple[list[Path], int]:
@@ -191,15 +196,15 @@ def tokenize_part(
 ) -> int:
     """Part `part` of `parts`: its raw files' tokens as one stream in the shard format."""
     files, rows = raw_files(raw_manifest, part, parts)
-    count = 0
+    count, fmt = 0, tokens_format(tokenizer_dir)
     with atomic_file(out_file) as tmp, open(tmp, "wb") as f:
-        f.write(header_bytes(0))  # the count is written last, once known
+        f.write(header_bytes(0, fmt))  # the count is written last, once known
         desc = f"tokenize {cfg.dataset} part {part + 1}/{parts}"
         for _, tokens in encoded(files, cfg.text_column, tokenizer_dir, workers, rows, desc):
             f.write(tokens.tobytes())
             count += len(tokens)
         f.seek(0)
-        f.write(header_bytes(count))
+        f.write(header_bytes(count, fmt))
     return count
 
 
@@ -221,7 +226,7 @@ def tokenize(
         stream = encoded(files, cfg.text_column, tokenizer_dir, workers, rows, desc)
 
     with atomic_dir(out) as tmp:
-        writer = ShardWriter(tmp, cfg)
+        writer = ShardWriter(tmp, cfg, tokens_format(tokenizer_dir))
         docs = 0
         for n, tokens in stream:
             writer.write(tokens)

@@ -84,8 +84,14 @@ def load_hf(hf_dir: str | Path) -> Any:
     config = hf_dir / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{config}: not a converted model folder (no config.json)")
-    arch = json.loads(config.read_text()).get("lmpipe_arch", "gpt2")
-    return architecture(arch).load_hf(hf_dir)
+    cfg = json.loads(config.read_text())
+    return architecture(hf_arch(cfg)).load_hf(hf_dir)
+
+
+def hf_arch(cfg: dict) -> str:
+    """The architecture that loads a folder of this config.json: its `lmpipe_arch` (ours), else
+    a GPT-2 folder (ours, OpenAI's, a reference run's) the gpt2 architecture, else `hf`."""
+    return cfg.get("lmpipe_arch") or ("gpt2" if cfg.get("model_type", "gpt2") == "gpt2" else "hf")
 
 
 def read_hf_meta(hf_dir: str | Path) -> dict | None:

@@ -272,6 +272,15 @@ def price_label(setting: float | dict[str, float]) -> str:
     return ", ".join(f"${p:,.2f} an {gpu}-hour" for gpu, p in setting.items())
 
 
+def cpu_trained(runs: list[Run]) -> list[str]:
+    """The runs trained on CPU cores (a reference run trained on none)."""
+    return [
+        r.name
+        for r in runs
+        if r.settings.get("launch", {}).get("device") == "cpu" and not r.reference
+    ]
+
+
 def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
     """The HTML of the report described by `params` (report_params JSON), from `layout`'s files,
     with `plan` (lmpipe.plan.report_plan) beside the measured figures."""
@@ -328,7 +337,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         differing=[row["key"] for row in settings if row["differs"]],
         kind_differing=[row["key"] for row in settings if row["kind"]],
         kinds=kinds,
-        cpu_runs=[r.name for r in runs if r.settings.get("launch", {}).get("device") == "cpu"],
+        cpu_runs=cpu_trained(runs),
         figures=figures,
         chat=chat_comparison(runs),
     )

@@ -86,7 +86,14 @@ class Run:
         return "sft" in self.settings
 
     @property
+    def reference(self) -> bool:
+        """A reference run: a Hugging Face model measured as it is, never trained."""
+        return bool(self.settings.get("reference"))
+
+    @property
     def kind(self) -> str:
+        if self.reference:
+            return "reference"
         return "fine-tuning" if self.fine_tuned else "pretraining"
 
     @property
@@ -101,7 +108,7 @@ class Run:
     @property
     def status(self) -> str:
         if self.finished:
-            return "finished"
+            return "measured" if self.reference else "finished"
         if not self.train:
             return "not started"
         return "not finished"
@@ -116,7 +123,7 @@ def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
     run.provenance = read_json(train_dir / "provenance.json")
     run.restarts = summarise(read_attempts(Path(layout.attempts(name))))
     run.meta = read_json(Path(layout.final_checkpoint(name)) / "meta.json")
-    if run.meta is None:
+    if run.meta is None and not run.reference:
         run.missing.append("train/final/meta.json")
     eval_dir = Path(layout.eval_dir(name))
     for evaluation in EVALUATIONS:
@@ -175,6 +182,8 @@ def headline(run: Run, gpu_hour_price: float | None) -> dict[str, Any]:
             gpu_hours = wall_s * world_size / 3600
     return {
         "name": run.name,
+        "reference": run.reference,
+        "model": run.settings.get("model", {}) if run.reference else None,
         "status": run.status,
         "missing": run.missing,
         "metrics": metrics,
