@@ -149,6 +149,13 @@ def model_config(data: dict[str, Any], where: str) -> ModelConfig:
     for key in data:
         if key not in names:
             raise ConfigError(f"{where}: {_unknown_model_key(key, arch, names)}")
+    if arch == "hf":  # the shape is the folder's (checked there: model, weights, tokenizer)
+        from lmpipe import hf_folder
+
+        try:
+            data = hf_folder.model_fields(data)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
     return build(cls, data, where)
 
 

@@ -148,6 +148,25 @@ def modern_flops_params(m: Any) -> int:
     return modern_params(m) - (0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd)
 
 
+@dataclass(frozen=True)
+class HFSettings:
+    """model.arch hf: any decoder-only Hugging Face causal LM (AutoModelForCausalLM), its
+    weights from safetensors; the shape is read from the folder's config.json."""
+
+    path: str = setting("", "a local model folder, or a hub id already in the local cache")
+    revision: str | None = optional("the hub revision (branch, tag or commit) of a hub id")
+    trust_remote_code: bool = setting(
+        False, "run Python code shipped in the folder (auto_map); the report says so when on"
+    )
+
+
+def hf_params(m: Any) -> int:
+    """An HF model's parameters: counted from its safetensors headers (lmpipe.hf_folder)."""
+    from lmpipe import hf_folder  # torch-free
+
+    return hf_folder.num_params(hf_folder.resolve(m.path, m.revision))
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -169,6 +188,14 @@ ARCHITECTURES: dict[str, Architecture] = {
             # as GPT-2's (the norms have no weights), but blocks without attention have 2
             hidden_matrices=lambda m: 2 * m.n_layer + 2 * attention_layers(m),
             flops_params=modern_flops_params,
+        ),
+        Architecture(
+            "hf",
+            "lmpipe.models.hf",
+            "any Hugging Face decoder-only causal LM (Llama, Qwen2, GPT-2 ...), from a folder",
+            hf_params,
+            exports=("hf",),  # the model's own save_pretrained folder
+            settings=HFSettings,
         ),
     )
 }
