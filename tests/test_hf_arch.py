@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from hf_models import FAMILIES, make_model
+
 from lmpipe.config import ConfigError, model_config
 from lmpipe.registry import ARCHITECTURES
 
