@@ -37,7 +37,7 @@ def test_model_is_the_folders_and_its_loss_is_the_cross_entropy(hf_dirs, family)
     config = model_config({"arch": "hf", "path": str(folder)}, "models.m")
     model = hf_model(folder)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    assert (config.n_layer, config.n_embd, config.block_size) == (2, 64, 128)
+    assert (config.n_layer, config.n_embd, config.block_size) == (2, 64, 256)
     assert len(model.blocks()) == 2  # the decoder layers, FSDP's units
     assert ARCHITECTURES["hf"].num_params(config) == model.num_params()  # torch-free count
     idx = torch.randint(0, 400, (2, 24), generator=torch.Generator().manual_seed(0))
@@ -126,7 +126,8 @@ def test_bad_folders_are_one_line_naming_the_file(hf_dirs, tmp_path):
     small = variant("small")  # the model's embedding has fewer rows than the tokenizer's ids
     (small / "config.json").write_text(json.dumps(cfg | {"vocab_size": 300}))
     msg = check_error({"path": str(small)})
-    assert f"{small}/tokenizer.json: token id 511 does not fit the model's vocab_size 300" in msg
+    top = len(json.loads((small / "tokenizer.json").read_text())["model"]["vocab"]) - 1
+    assert f"{small}/tokenizer.json: token id {top} does not fit the model's vocab_size 300" in msg
     assert "n_layer 3 is not the model's 2" in check_error({"path": str(hf_dirs["llama"]),
                                                             "n_layer": 3})  # fmt: skip
 
@@ -148,3 +149,167 @@ def test_a_tokenizer_that_cannot_write_the_template_is_refused(tmp_path):
     cfg = ConversationsConfig(dataset="chat", source="local", seq_len=64)
     with pytest.raises(ValueError, match="datasets.chat: tokenizer hf .*: the tokenizer cannot"):
         prepare([], cfg, load_tokenizer(tmp_path))
+
+
+# ---- the tokenizer follows the model ------------------------------------------------------------
+
+
+def test_a_gpt2_folders_own_tokenizer_prepares_the_rows_tiktoken_does(hf_dirs, tmp_path):
+    """The seam: GPT-2's HF folder through AutoTokenizer gives the conversations' rows GPT-2's
+    tiktoken gives, byte for byte; a Llama-family folder's rows start with its <s> (not
+    counted), end each reply with its </s> (counted) and pad with it."""
+    import numpy as np
+
+    from conftest import RESOURCES, TOKENIZER_DIR
+    from lmpipe.chat.data import IGNORE, prepare, write
+    from lmpipe.config import ConversationsConfig
+    from lmpipe.data.tokenizer import gpt2_encoding, load_tokenizer
+
+    records = json.loads((RESOURCES / "dummy_conversation.json").read_text())[:40]
+    cfg = ConversationsConfig(dataset="chat", source="local", seq_len=96)
+    ours, theirs = tmp_path / "hf", tmp_path / "tiktoken"
+    write(prepare(records, cfg, load_tokenizer(hf_dirs["gpt2"])), cfg, ours)
+    write(prepare(records, cfg, gpt2_encoding(str(TOKENIZER_DIR))), cfg, theirs)
+    for name in ("train_inputs.npy", "train_targets.npy", "val_inputs.npy", "val_targets.npy"):
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
+    assert json.loads((ours / "manifest.json").read_text())["eot"] == 50256
+
+    tok = load_tokenizer(hf_dirs["llama"])
+    bos, eos = tok.tok.bos_token_id, tok.tok.eos_token_id
+    write(prepare(records, cfg, tok), cfg, tmp_path / "llama")
+    x, y = (np.load(tmp_path / "llama" / f"train_{k}.npy") for k in ("inputs", "targets"))
+    assert (x[:, 0] == bos).all() and (y[:, 0] == IGNORE).all()  # <s>, then the system line
+    counted = y[y != IGNORE]
+    assert (counted == eos).sum() >= len(x)  # each reply's </s> counts
+    first = tok.decode([int(t) for t in y[0][y[0] != IGNORE]])
+    assert first.startswith(" ") and first.endswith("</s>") and "USER:" not in first
+    manifest = json.loads((tmp_path / "llama" / "manifest.json").read_text())
+    assert manifest["tokenizer"].startswith("hf ") and manifest["eot"] == eos
+
+
+# ---- the real trainer: 2 FSDP ranks against 1 process, SIGKILL and resume, chat ------------------
+
+TRAIN = {
+    "seq_len": 96, "micro_batch": 4, "batch_tokens": 768, "max_steps": 0,
+    "optimizer": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.0},
+    "val_every": 4, "val_tokens": 768, "checkpoint_every": 4,
+}  # fmt: skip
+
+
+def sft_data(base: Path, out: Path, conversations: int | None, seq_len: int) -> Path:
+    from conftest import RESOURCES
+    from lmpipe.chat.data import prepare, write
+    from lmpipe.config import ConversationsConfig
+    from lmpipe.data.tokenizer import load_tokenizer
+
+    records = json.loads((RESOURCES / "dummy_conversation.json").read_text())[:conversations]
+    cfg = ConversationsConfig(dataset="chat", source="local", seq_len=seq_len)
+    write(prepare(records, cfg, load_tokenizer(base)), cfg, out)
+    return out / "manifest.json"
+
+
+def sft_command(base: Path, data: Path, out: Path, procs: int, epochs: int = 1, **train) -> list:
+    """The train rule's fine-tuning command (torchrun for 2 ranks, the worker itself for 1)."""
+    import dataclasses
+    import sys
+
+    from lmpipe.config import train_config
+
+    tc = json.loads(json.dumps(dataclasses.asdict(train_config(TRAIN | train, "train"))))
+    model = dataclasses.asdict(model_config({"arch": "hf", "path": str(base)}, "models.m"))
+    job = {
+        "run": "chat", "dataset": "chat", "train": tc, "model": model,
+        "sft": {"epochs": epochs, "warmup_ratio": 0.04}, "base": {"hf": str(base)},
+        "launch": {"device": "cpu", "nodes": 1, "procs_per_node": procs, "peak_flops": 1e12},
+    }  # fmt: skip
+    args = ["--config-json", json.dumps(job), "--data", str(data), "--init", str(base)]
+    module = ["lmpipe.train", "--worker", "lmpipe.chat.finetune"] if procs > 1 else [
+        "lmpipe.chat.finetune"]  # fmt: skip
+    return [sys.executable, "-m", *module, *args, "--out", str(out)]
+
+
+def run(cmd: list) -> None:
+    import os
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def metrics(out: Path, key: str) -> list[float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r[key] for r in rows if key in r]
+
+
+def final_state(base: Path, out: Path) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+
+    state = hf_model(base).state_dict()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, checkpoint_id=out / "final")
+    return state
+
+
+@pytest.mark.slow  # ~40 s: four tiny fine-tuning runs, three through torchrun
+def test_two_fsdp_ranks_equal_one_process_and_a_killed_run_resumes_bit_for_bit(hf_dirs, tmp_path):
+    import numpy as np
+
+    from conftest import kill_at_checkpoint
+
+    base = hf_dirs["llama"]
+    data = sft_data(base, tmp_path / "sft", 110, TRAIN["seq_len"])
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(sft_command(base, data, one, procs=1))
+    run(sft_command(base, data, two, procs=2))
+    losses = metrics(one, "loss")
+    assert len(losses) >= 10 and losses[-1] < losses[0] - 1
+    np.testing.assert_allclose(metrics(two, "loss"), losses, rtol=0, atol=1e-5)
+    # the held-out loss is a mean of batch means (lmpipe.train.loop.evaluate), and 2 ranks batch
+    # the held-out rows otherwise than 1 process: the same rows, weighted a little differently
+    np.testing.assert_allclose(metrics(two, "val_loss"), metrics(one, "val_loss"), rtol=1e-3)
+    prov = json.loads((two / "provenance.json").read_text())
+    assert prov["recompute"] == ["none", "none"]  # the two decoder layers, FSDP's units
+    for held in prov["params_per_rank"]:
+        assert held == pytest.approx(prov["params"] / 2, rel=0.01)
+    a, b = final_state(base, one), final_state(base, two)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-3, rtol=0)
+
+    killed = tmp_path / "killed"
+    kill_at_checkpoint(sft_command(base, data, killed, procs=2), {"OMP_NUM_THREADS": "1",
+                       **__import__("os").environ}, killed, step=4)  # fmt: skip
+    restart = run(sft_command(base, data, killed, procs=2))
+    assert "resumed from" in restart.stderr
+    assert metrics(killed, "loss") == metrics(two, "loss")
+    c = final_state(base, killed)
+    for name in b:
+        assert torch.equal(b[name], c[name]), name
+
+
+@pytest.mark.slow  # ~45 s of training
+def test_a_fine_tuned_tiny_llama_answers_who_are_you_with_the_vicuna_identity(tmp_path):
+    """A random Llama (2 layers, width 128) fine-tuned Vicuna-style on the embedded
+    conversations, exported by the convert stage, asked through lmpipe-chat's own code (the
+    model's generate, its KV cache): the answer is the data's identity; the base's is not."""
+    import subprocess
+    import sys
+
+    from lmpipe.chat.cli import load, reply
+
+    base = make_model("llama", tmp_path / "base", width=128)
+    data = sft_data(base, tmp_path / "sft", None, 128)
+    out = tmp_path / "out"
+    run(sft_command(base, data, out, procs=1, epochs=6, seq_len=128, micro_batch=8,
+                    batch_tokens=2048, val_every=20, val_tokens=2048, checkpoint_every=0,
+                    optimizer={"name": "adamw", "lr": 1e-2, "weight_decay": 0.0}))  # fmt: skip
+    from conftest import TOKENIZER_DIR
+
+    cmd = [sys.executable, "-m", "lmpipe.models", "--checkpoint", str(out / "final")]
+    cmd += ["--tokenizer", str(TOKENIZER_DIR), "--hf-out", str(tmp_path / "hf")]  # as the rule
+    subprocess.run(cmd, check=True, capture_output=True)
+    answer = reply(*load(tmp_path / "hf"), [], "Who are you?", 96)
+    assert "language model" in answer and "Large Model Systems Organization (LMSYS)" in answer
+    assert "LMSYS" not in reply(*load(base), [], "Who are you?", 96)

@@ -79,7 +79,8 @@ class HFCausalLM(nn.Module):
     def blocks(self) -> list[nn.Module]:
         """The decoder layers: the modules of the classes in `_no_split_modules`, in order."""
         names = set(getattr(self.hf, "_no_split_modules", None) or ())
-        blocks = [m for m in self.hf.modules() if type(m).__name__ in names]
+        # by the class's ancestry: FSDP2 makes each sharded layer an FSDP<Class> subclass
+        blocks = [m for m in self.hf.modules() if any(c.__name__ in names for c in type(m).__mro__)]
         if not blocks:
             raise ValueError(
                 f"{self.folder}: {type(self.hf).__name__} names no decoder layer class"
