@@ -313,3 +313,91 @@ def test_a_fine_tuned_tiny_llama_answers_who_are_you_with_the_vicuna_identity(tm
     answer = reply(*load(tmp_path / "hf"), [], "Who are you?", 96)
     assert "language model" in answer and "Large Model Systems Organization (LMSYS)" in answer
     assert "LMSYS" not in reply(*load(base), [], "Who are you?", 96)
+
+
+# ---- the workflow: checks before any job, the conversations' cache ------------------------------
+
+
+def chat_config(workdir: Path, model_dir: Path) -> dict:
+    """The demo config, its chat run fine-tuning the `arch: hf` model of `model_dir`."""
+    import yaml
+
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    config["models"]["mine"] = {"arch": "hf", "path": str(model_dir)}
+    run = config["runs"]["embedded-a-chat"]
+    run["model"] = "mine"
+    run["base"] = {"hf": str(model_dir), "dataset": "embedded"}
+    return config
+
+
+def test_a_llama_base_of_a_gpt2_run_is_refused_before_any_job(hf_dirs, tmp_path):
+    from conftest import REPO
+    from lmpipe.schema import validate
+
+    config = chat_config(REPO, hf_dirs["llama"])
+    validate(config)  # as a model.arch hf run: fine
+    config["runs"]["embedded-a-chat"]["model"] = "tiny"
+    with pytest.raises(ConfigError) as e:
+        validate(config)
+    assert str(e.value) == (
+        f"runs.embedded-a-chat.base.hf: {hf_dirs['llama']}/config.json is a llama model, not the"
+        f" run's model.arch 'gpt2': fine-tune it with a model of `arch: hf, path:"
+        f" {hf_dirs['llama']}`"
+    )
+
+
+@pytest.mark.slow  # ~15 s: the real preparation, then Snakemake's plans
+def test_conversations_rerun_for_another_base_or_tokenizer_only(hf_dirs, tmp_path):
+    """The conversations are prepared with the base's own tokenizer (a real job) and cached:
+    another lr plans no preparation; another base folder does, and so does another tokenizer
+    in the same folder (its files' sha256 are in the rule's params)."""
+    import copy
+
+    import numpy as np
+    import yaml
+
+    from conftest import make_workdir, planned, snakemake
+    from lmpipe.data.tokenizer import load_tokenizer
+
+    base = tmp_path / "base"
+    shutil.copytree(hf_dirs["llama"], base)
+    workdir = make_workdir(tmp_path / "wd")
+    config = chat_config(workdir, base)
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    manifest = "results/data/vicuna-dummy/sft/manifest.json"
+    snakemake(workdir, "--cores", "1", manifest)
+    rows = np.load(workdir / "results/data/vicuna-dummy/sft/train_inputs.npy")
+    assert rows[0, 0] == load_tokenizer(base).bos_token_id  # the llama's <s>
+    target = "results/runs/embedded-a-chat/train/final"
+
+    def prepares(changed: dict) -> bool:
+        return ("prepare_conversations", "dataset=vicuna-dummy") in planned(
+            workdir, changed, [target]
+        )
+
+    assert not prepares(config)
+    lr = copy.deepcopy(config)
+    lr["runs"]["embedded-a-chat"]["train"]["optimizer"]["lr"] *= 2
+    assert not prepares(lr)
+    assert prepares(chat_config(workdir, hf_dirs["qwen2"]))
+    settings = json.loads((base / "tokenizer_config.json").read_text())
+    settings["model_max_length"] = 64  # the same folder, its tokenizer changed
+    (base / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert prepares(config)
+
+
+def test_a_hub_id_is_read_from_the_local_cache_only(hf_dirs, tmp_path, monkeypatch):
+    """A hub id resolves to its snapshot in the Hugging Face cache's layout (refs/ -> a
+    commit's snapshot), for a branch or a commit; never through the network."""
+    from lmpipe import hf_folder
+
+    repo = tmp_path / "hub" / "models--org--tiny-llama"
+    shutil.copytree(hf_dirs["llama"], repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert hf_folder.resolve("org/tiny-llama") == repo / "snapshots" / "abc123"
+    assert hf_folder.resolve("org/tiny-llama", "abc123") == repo / "snapshots" / "abc123"
+    config = model_config({"arch": "hf", "path": "org/tiny-llama"}, "models.m")
+    assert config.n_layer == 2
+    assert "nor a hub id in the local" in check_error({"path": "org/tiny-llama", "revision": "v2"})

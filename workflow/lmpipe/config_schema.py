@@ -127,7 +127,21 @@ def model_schema() -> dict[str, Any]:
         for a in ARCHITECTURES.values()
         if a.settings is not None
     ]
+    # `arch: hf` reads its shape from its folder (lmpipe.hf_folder): its entries need a path,
+    # and the shape's defaults (GPT-2's) apply to the other archs only
+    shape = {"properties": schema.pop("properties"), "required": schema.pop("required")}
+    arch = shape["properties"].pop("arch")
+    schema["properties"] = {
+        "arch": arch,
+        **{k: _without_default(v) for k, v in shape["properties"].items()},
+    }
+    hf = {"properties": {"arch": {"const": "hf"}}, "required": ["arch"]}
+    schema["allOf"].append({"if": hf, "then": {"required": ["path"]}, "else": shape})
     return schema
+
+
+def _without_default(prop: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in prop.items() if k != "default"}
 
 
 def optimizer_schema() -> dict[str, Any]:

@@ -9,6 +9,7 @@ network at run time): a hub id must already be in the local Hugging Face cache.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from pathlib import Path
@@ -34,15 +35,28 @@ def resolve(path: str, revision: str | None = None) -> Path:
         return p
     if p.is_absolute() or path.startswith(".") or path.count("/") != 1:
         raise ValueError(f"{path}: no such folder")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(path, revision=revision, local_files_only=True))
-    except Exception:
+    snapshot = cached_snapshot(path, revision or "main")
+    if snapshot is None:
         raise ValueError(
             f"{path}: neither a folder nor a hub id in the local Hugging Face cache (jobs never"
             f" download: fetch it first, e.g. `hf download {path}`)"
-        ) from None
+        )
+    return snapshot
+
+
+def cached_snapshot(repo_id: str, revision: str) -> Path | None:
+    """A hub model's snapshot folder in the Hugging Face cache, read from the cache's documented
+    layout (huggingface_hub's guides/manage-cache: hub/models--ORG--NAME/refs/REVISION holds the
+    commit, snapshots/COMMIT the files), so the config check needs no hub client in any env."""
+    import os
+
+    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    hub = Path(os.environ.get("HF_HUB_CACHE", home / "hub"))
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    ref = repo / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision  # a commit given as is
+    snapshot = repo / "snapshots" / commit
+    return snapshot if snapshot.is_dir() else None
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -126,6 +140,22 @@ def model_fields(data: dict[str, Any]) -> dict[str, Any]:
                 f"{key} {value} is not the model's {found[key]} ({folder}/config.json)"
             )
     return found | data
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "encoder.json", "vocab.bpe",
+)  # fmt: skip
+
+
+def tokenizer_identity(folder: str | Path) -> str:
+    """sha256 over a folder's tokenizer files: what prepared data's cache keys on."""
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            h.update(name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def safetensors_files(folder: Path) -> list[Path]:

@@ -19,6 +19,7 @@ hold neither Snakemake nor jsonschema): they get the checked slices (lmpipe.conf
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import tempfile
@@ -176,6 +177,32 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
             )
         if not text or is_conversations(config, text):
             raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
+        check_hf_base(config, name)
+
+
+def check_hf_base(config: dict[str, Any], name: str) -> None:
+    """`base: {hf: DIR}`: a run of our own GPT-2 model reads GPT-2 folders only; any other
+    causal LM is fine-tuned as `model.arch: hf` (its folder checked by lmpipe.hf_folder)."""
+    from lmpipe import hf_folder
+
+    r, where = config["runs"][name], f"runs.{name}.base.hf"
+    folder = r["base"]["hf"]
+    arch = config["models"][r["model"]].get("arch", "gpt2")
+    if arch == "hf":
+        try:
+            hf_folder.check_folder(hf_folder.resolve(folder), False)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return
+    cfg = Path(folder) / "config.json"
+    if cfg.is_file():
+        found = json.loads(cfg.read_text())
+        kind = found.get("lmpipe_arch") or found.get("model_type")
+        if kind != arch:
+            raise ConfigError(
+                f"{where}: {cfg} is a {kind} model, not the run's model.arch {arch!r}: fine-tune"
+                f" it with a model of `arch: hf, path: {folder}`"
+            )
 
 
 # the train settings of the evaluations during training, now in each evaluation's own section
@@ -270,6 +297,8 @@ def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     check_datasets(config)
     for name, m in config["models"].items():
+        if m.get("arch") == "hf":  # its shape is its folder's (lmpipe.config.model_config)
+            continue
         if m["n_embd"] % m["n_head"]:
             raise ConfigError(
                 f"models.{name}: n_embd {m['n_embd']} is not divisible by n_head {m['n_head']}"

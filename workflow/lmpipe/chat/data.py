@@ -226,7 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--out", required=True, type=Path, help="folder to write (arrays + manifest)")
     args = p.parse_args(argv)
-    cfg = build(ConversationsConfig, json.loads(args.config_json), "datasets")
+    params = json.loads(args.config_json)
+    params.pop("tokenizer", None)  # the tokenizer's identity: the rule's cache key, read here
+    cfg = build(ConversationsConfig, params, "datasets")
     prepared = prepare(read_records(cfg), cfg, load_tokenizer(args.tokenizer))
     m = write(prepared, cfg, args.out)
     print(

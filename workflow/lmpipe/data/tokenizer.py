@@ -6,13 +6,14 @@ The result is tiktoken's `gpt2` encoding, built from OpenAI's `encoder.json` and
 
 from __future__ import annotations
 
-import hashlib
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+from lmpipe.hf_folder import TOKENIZER_FILES, tokenizer_identity
 
 EOT = "<|endoftext|>"
 EOT_ID = 50256
@@ -100,22 +101,6 @@ class HFTokenizer:
 
     def decode(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens)
-
-
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "encoder.json", "vocab.bpe",
-)  # fmt: skip
-
-
-def tokenizer_identity(d: str | Path) -> str:
-    """sha256 over a folder's tokenizer files: what a prepared dataset's cache keys on."""
-    h = hashlib.sha256()
-    for name in TOKENIZER_FILES:
-        path = Path(d) / name
-        if path.is_file():
-            h.update(name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:16]
 
 
 @cache
