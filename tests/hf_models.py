@@ -13,7 +13,7 @@ from conftest import RESOURCES, TOKENIZER_DIR
 from lmpipe.chat.template import SYSTEM
 
 FAMILIES = ("llama", "qwen2", "gpt2")
-WIDTH, LAYERS, HEADS, CONTEXT = 64, 2, 4, 256
+WIDTH, LAYERS, HEADS, CONTEXT = 64, 2, 4, 512
 
 
 def conversation_texts() -> list[str]:

@@ -37,7 +37,7 @@ def test_model_is_the_folders_and_its_loss_is_the_cross_entropy(hf_dirs, family)
     config = model_config({"arch": "hf", "path": str(folder)}, "models.m")
     model = hf_model(folder)
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    assert (config.n_layer, config.n_embd, config.block_size) == (2, 64, 256)
+    assert (config.n_layer, config.n_embd, config.block_size) == (2, 64, 512)
     assert len(model.blocks()) == 2  # the decoder layers, FSDP's units
     assert ARCHITECTURES["hf"].num_params(config) == model.num_params()  # torch-free count
     idx = torch.randint(0, 400, (2, 24), generator=torch.Generator().manual_seed(0))
@@ -401,3 +401,55 @@ def test_a_hub_id_is_read_from_the_local_cache_only(hf_dirs, tmp_path, monkeypat
     config = model_config({"arch": "hf", "path": "org/tiny-llama"}, "models.m")
     assert config.n_layer == 2
     assert "nor a hub id in the local" in check_error({"path": "org/tiny-llama", "revision": "v2"})
+
+
+# ---- lm-eval's `hf` model on the export equals the native scorers, item by item -----------------
+
+
+@pytest.mark.slow  # ~30 s: lm-eval on 24 HellaSwag items and 24 ARC-Easy items
+def test_lm_eval_hf_on_the_export_equals_the_native_scorers(hf_dirs, tmp_path, monkeypatch):
+    """A tiny Llama's export (its own tokenizer, <s> as lm-eval's prefix token) scored by lm-eval's
+    `hf` model and by the native batched scorers (packed rows under a mask, the model's own
+    positions): the same log-likelihoods, item by item, on HellaSwag and ARC-Easy."""
+    import numpy as np
+
+    from conftest import RESOURCES
+    from lmpipe.data.tokenizer import model_tokenizer
+    from lmpipe.eval import hellaswag
+    from lmpipe.eval.harness import LM_EVAL_TASK, harness_model, lm_eval_hellaswag
+    from lmpipe.eval.suite import data as suite_data
+    from lmpipe.eval.suite import harness, native
+    from lmpipe.models import load_hf
+    from lmpipe.models.hf import write_hf
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    model = hf_model(hf_dirs["llama"])
+    with torch.no_grad():  # a model with opinions: random items get different answers
+        for p in model.parameters():
+            p.mul_(4.0)
+    export = tmp_path / "hf"
+    write_hf(model, None, export, {"run": "t"})
+    assert harness_model(export) == "hf"
+    tok, native_model = model_tokenizer(export, RESOURCES / "gpt2"), load_hf(export)
+    assert tok.bos_token_id == 1  # the llama's own tokenizer, not GPT-2's
+
+    n = 24
+    items_file = RESOURCES / "hellaswag_val_sample.jsonl"
+    out = lm_eval_hellaswag(export, items_file, n, 8, log_samples=True)
+    samples = sorted(out["samples"][LM_EVAL_TASK], key=lambda s: s["doc_id"])
+    theirs = np.array([[r[0] for r in s["filtered_resps"]] for s in samples])
+    task = hellaswag.task_data(hellaswag.load_items(items_file, n), tok, "lm_eval")
+    ours = native.score_task(native_model, task, tok, batch_rows=7, show_progress=False)
+    np.testing.assert_allclose(np.array(ours.loglik), theirs, rtol=0, atol=1e-4)
+    assert [float(a) for a in ours.acc] == [s["acc"] for s in samples]
+    assert len(set(np.argmax(theirs, 1))) > 1
+
+    manifest = tmp_path / "suite" / "manifest.json"
+    suite_data.prepare(manifest, ["arc_easy"])
+    data = {"arc_easy": suite_data.load_task(manifest, "arc_easy", n)}
+    [(their_score, _)] = harness.harness_scores(harness.run(export, data, n, 16), data).values()
+    mine = native.score_task(native_model, data["arc_easy"], tok, batch_rows=7, show_progress=False)
+    for x, y in zip(mine.loglik, their_score.loglik, strict=True):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-4)
+    assert mine.acc == their_score.acc and mine.acc_norm == their_score.acc_norm

@@ -103,6 +103,16 @@ class HFTokenizer:
         return self.tok.decode(tokens)
 
 
+def model_tokenizer(model_dir: str | Path, gpt2_dir: str | Path) -> Tokenizer:
+    """The tokenizer of a converted model folder: its own for a `model.arch: hf` export (its
+    config.json's `lmpipe_arch`), else GPT-2's tiktoken encoding from `gpt2_dir`."""
+    import json
+
+    config = Path(model_dir) / "config.json"
+    arch = json.loads(config.read_text()).get("lmpipe_arch") if config.is_file() else None
+    return load_tokenizer(model_dir if arch == "hf" else gpt2_dir)
+
+
 @cache
 def load_tokenizer(tokenizer_dir: str | Path) -> Tokenizer:
     """GPT-2's tiktoken encoding for a folder of OpenAI's files (encoder.json, vocab.bpe), else
