@@ -331,11 +331,23 @@ def chat_config(workdir: Path, model_dir: Path) -> dict:
 
 
 def test_a_llama_base_of_a_gpt2_run_is_refused_before_any_job(hf_dirs, tmp_path):
+    import copy
+
     from conftest import REPO
     from lmpipe.schema import validate
 
     config = chat_config(REPO, hf_dirs["llama"])
     validate(config)  # as a model.arch hf run: fine
+    pretrain = copy.deepcopy(config)
+    pretrain["runs"]["embedded-a"]["model"] = "mine"
+    with pytest.raises(ConfigError, match="runs.embedded-a: model 'mine' .* can only be fine"):
+        validate(pretrain)
+    during = copy.deepcopy(config)
+    during["runs"]["embedded-a-chat"].setdefault("eval", {})["hellaswag"] = {
+        "during_training": {"every": 5}
+    }
+    with pytest.raises(ConfigError, match="runs.embedded-a-chat.eval: hellaswag during train"):
+        validate(during)
     config["runs"]["embedded-a-chat"]["model"] = "tiny"
     with pytest.raises(ConfigError) as e:
         validate(config)

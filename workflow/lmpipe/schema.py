@@ -180,6 +180,27 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
         check_hf_base(config, name)
 
 
+def check_hf_run(config: dict[str, Any], name: str, rc: Any) -> None:
+    """What an `arch: hf` run cannot do yet, refused before any job: pretraining on text (the
+    text shards are GPT-2's tokens, not the model's) and evaluations during training (their
+    scorers tokenize with GPT-2's BPE); fine-tuning on conversations and every evaluation of the
+    converted model take the model's own tokenizer."""
+    from lmpipe.config import in_training
+
+    where = f"runs.{name}"
+    if "sft" not in config["runs"][name]:
+        raise ConfigError(
+            f"{where}: model {config['runs'][name]['model']!r} (arch hf) can only be fine-tuned"
+            " on conversations (base: and sft:): text shards hold GPT-2's tokens, not its own"
+        )
+    during = sorted(in_training(rc))
+    if during:
+        raise ConfigError(
+            f"{where}.eval: {', '.join(during)} during training scores with GPT-2's tokenizer;"
+            " an arch hf model is scored after training only (set during_training.every: 0)"
+        )
+
+
 def check_hf_base(config: dict[str, Any], name: str) -> None:
     """`base: {hf: DIR}`: a run of our own GPT-2 model reads GPT-2 folders only; any other
     causal LM is fine-tuned as `model.arch: hf` (its folder checked by lmpipe.hf_folder)."""
@@ -325,6 +346,8 @@ def check_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"{where}.train: 'max_steps' is required")
         rc = run_config(config, name)
         check_muon(config, name, rc.model)
+        if rc.model.arch == "hf":
+            check_hf_run(config, name, rc)
         if rc.train.seq_len > rc.model.block_size:
             raise ConfigError(
                 f"{where}.train.seq_len {rc.train.seq_len} exceeds the model's block_size"
