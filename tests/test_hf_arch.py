@@ -465,3 +465,36 @@ def test_lm_eval_hf_on_the_export_equals_the_native_scorers(hf_dirs, tmp_path, m
     for x, y in zip(mine.loglik, their_score.loglik, strict=True):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-4)
     assert mine.acc == their_score.acc and mine.acc_norm == their_score.acc_norm
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_tied_and_conv1d_families_fine_tune_and_export_what_they_trained(hf_dirs, family, tmp_path):
+    """Qwen2 (a tied head) and GPT-2 (Conv1D layers) through the fine-tuning worker in this
+    process (a one-rank FSDP2 group): the loss falls, and the export's logits are the final
+    checkpoint's."""
+    import signal
+
+    from transformers import AutoModelForCausalLM
+
+    from lmpipe.chat.finetune import main as finetune_main
+    from lmpipe.models.convert import convert
+
+    base = hf_dirs[family]
+    data = sft_data(base, tmp_path / "sft", 48, 96)
+    out = tmp_path / "out"
+    argv = sft_command(base, data, out, procs=1, epochs=2, batch_tokens=384, checkpoint_every=0)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        assert finetune_main(argv[3:]) == 0
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    losses = metrics(out, "loss")
+    assert len(losses) >= 15 and losses[-1] < losses[0] - 0.5
+    convert(str(out / "final"), None, str(tmp_path / "hf"), None)
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", use_safetensors=True).eval()
+    trained = hf_model(base)
+    trained.load_state_dict(final_state(base, out))
+    idx = torch.randint(0, 500, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(idx).logits, trained.eval()(idx)[0], rtol=0, atol=0)
