@@ -498,3 +498,17 @@ def test_tied_and_conv1d_families_fine_tune_and_export_what_they_trained(hf_dirs
     idx = torch.randint(0, 500, (2, 20))
     with torch.no_grad():
         torch.testing.assert_close(exported(idx).logits, trained.eval()(idx)[0], rtol=0, atol=0)
+
+
+def test_the_report_says_when_a_model_ran_code_from_its_folder():
+    from lmpipe.report.findings import findings
+    from lmpipe.report.runs import Run
+
+    model = {"arch": "hf", "path": "/models/m", "trust_remote_code": False}
+    chat = {"sft": {"epochs": 1}, "model": model}
+    assert findings([Run("chat", chat)]) == []
+    trusted = Run("chat", chat | {"model": model | {"trust_remote_code": True}})
+    assert findings([trusted]) == [
+        "chat ran Python code shipped in its model folder /models/m (model.trust_remote_code:"
+        " true)."
+    ]
