@@ -75,6 +75,7 @@ def test_export_loads_with_from_pretrained_and_gives_the_trained_logits(hf_dirs,
     convert(str(final), None, str(tmp_path / "hf"), None)
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", use_safetensors=True).eval()
     assert (tmp_path / "hf/model.safetensors").is_file()
+    assert json.loads((tmp_path / "hf/config.json").read_text())["use_cache"] is True  # generate
     assert not list((tmp_path / "hf").glob("*.bin"))
     idx = torch.randint(0, 500, (2, 20))
     with torch.no_grad():

@@ -101,6 +101,7 @@ def reply(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
         max_new_tokens=min(max_new_tokens, window - len(ids)),
+        use_cache=True,  # the model's own KV cache: each new token runs alone
         eos_token_id=eot,  # the end of a reply
         pad_token_id=eot,
         streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)

@@ -22,8 +22,10 @@ def write_hf(
     out_dir = Path(out_dir)
     hf = model.hf
     hf.config.lmpipe_arch = "hf"
+    hf.config.use_cache = True  # off for training (load_pretrained); generation wants its cache
     hf.save_pretrained(out_dir, safe_serialization=True)
     del hf.config.lmpipe_arch
+    hf.config.use_cache = False
     tokenizer = AutoTokenizer.from_pretrained(
         model.folder, local_files_only=True, trust_remote_code=model.config.trust_remote_code
     )
