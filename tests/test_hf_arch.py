@@ -9,6 +9,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hf_models import FAMILIES, make_model
@@ -513,3 +514,31 @@ def test_the_report_says_when_a_model_ran_code_from_its_folder():
         "chat ran Python code shipped in its model folder /models/m (model.trust_remote_code:"
         " true)."
     ]
+
+
+def test_recomputed_layers_train_as_stored_ones(hf_dirs, tmp_path):
+    """train.activation_checkpointing on an hf model's decoder layers (their forward under
+    torch.utils.checkpoint, called with the model's keyword arguments): the same losses."""
+    import signal
+
+    from lmpipe.chat.finetune import main as finetune_main
+
+    base = hf_dirs["llama"]
+    data = sft_data(base, tmp_path / "sft", 24, 96)
+    losses = {}
+    for mode in ("none", "full", "selective"):
+        out = tmp_path / mode
+        argv = sft_command(base, data, out, procs=1, batch_tokens=384, checkpoint_every=0,
+                           activation_checkpointing=mode)  # fmt: skip
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+        try:
+            assert finetune_main(argv[3:]) == 0
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        losses[mode] = metrics(out, "loss")
+        prov = json.loads((out / "provenance.json").read_text())
+        assert prov["recompute"] == [mode, mode]
+    assert len(losses["none"]) >= 4
+    for mode in ("full", "selective"):
+        np.testing.assert_allclose(losses[mode], losses["none"], rtol=0, atol=1e-6)
