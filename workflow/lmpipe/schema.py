@@ -187,10 +187,10 @@ def check_hf_run(config: dict[str, Any], name: str, rc: Any) -> None:
     converted model take the model's own tokenizer."""
     from lmpipe.config import in_training
 
-    where = f"runs.{name}"
-    if "sft" not in config["runs"][name]:
+    where, r = f"runs.{name}", config["runs"][name]
+    if "sft" not in r and r.get("train") is not None:  # (train: null: evaluated as it is)
         raise ConfigError(
-            f"{where}: model {config['runs'][name]['model']!r} (arch hf) can only be fine-tuned"
+            f"{where}: model {r['model']!r} (arch hf) can only be fine-tuned"
             " on conversations (base: and sft:): text shards hold GPT-2's tokens, not its own"
         )
     during = sorted(in_training(rc))
