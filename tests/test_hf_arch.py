@@ -542,3 +542,29 @@ def test_recomputed_layers_train_as_stored_ones(hf_dirs, tmp_path):
     assert len(losses["none"]) >= 4
     for mode in ("full", "selective"):
         np.testing.assert_allclose(losses[mode], losses["none"], rtol=0, atol=1e-6)
+
+
+def test_the_evaluate_stage_scores_an_hf_export_with_its_own_tokenizer(hf_dirs, tmp_path):
+    """The evaluations of the converted folder (hellaswag's native scorer, samples) take the
+    export's own tokenizer: HellaSwag's result is the native scorer's on the Llama's tokens
+    (GPT-2's ids would not even fit its 597-row embedding), samples end at its </s>."""
+    from conftest import RESOURCES
+    from lmpipe.data.tokenizer import load_tokenizer
+    from lmpipe.eval import hellaswag, samples
+    from lmpipe.eval.suite import native
+    from lmpipe.models.hf import write_hf
+    from lmpipe.registry import HellaSwagSettings, SampleSettings
+
+    export = tmp_path / "hf"
+    write_hf(hf_model(hf_dirs["llama"]), None, export, {"run": "t"})
+    items = RESOURCES / "hellaswag_val_sample.jsonl"
+    settings = HellaSwagSettings(items=8, batch=4, lm_eval=False)
+    result = hellaswag.evaluate(settings, export, {"hellaswag": items}, "cpu")
+    tok = load_tokenizer(export)
+    task = hellaswag.task_data(hellaswag.load_items(items, 8), tok, "llmc")
+    ours = native.score_task(hf_model(hf_dirs["llama"]).eval(), task, tok, show_progress=False)
+    assert result["per_item"]["acc"] == ours.acc and result["items"] == 8
+    out = samples.evaluate(SampleSettings(tokens=6), export, {}, "cpu")
+    assert len(out["samples"]) == 4 and all(
+        isinstance(s["completion"], str) for s in out["samples"]
+    )
