@@ -32,6 +32,7 @@ GROUND = {
     "settings",
     "config_schema",
     "failures",
+    "hf_folder",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and

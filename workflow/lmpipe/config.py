@@ -151,6 +151,15 @@ def model_config(data: dict[str, Any], where: str) -> ModelConfig:
         if key not in names:
             raise ConfigError(f"{where}: {_unknown_model_key(key, arch, names)}")
     if arch == "hf":
+        if isinstance(data.get("path"), str) and Path(data["path"]).is_dir():
+            # a local folder is checked whole here, before any job: a causal LM, safetensors,
+            # a tokenizer that fits (lmpipe.hf_folder); a hub id is checked where it lands
+            from lmpipe import hf_folder
+
+            try:
+                hf_folder.check_folder(Path(data["path"]), bool(data.get("trust_remote_code")))
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from None
         data = data | hf_shape(data, where)
     return build(cls, data, where)
 
@@ -697,9 +706,39 @@ def tokenize_params(config: dict[str, Any], dataset: str) -> str:
 
 
 def conversations_params(config: dict[str, Any], dataset: str) -> str:
-    """What the prepared conversations depend on (lmpipe.chat.data)."""
+    """What the prepared conversations depend on (lmpipe.chat.data): the dataset's settings and,
+    for a base model's own tokenizer, that tokenizer's files (a changed base reruns them)."""
     d = _fields_of(ConversationsConfig, config["datasets"][dataset])
+    tokenizer = conversations_tokenizer(config, dataset)
+    if tokenizer != config["tokenizer"]:
+        from lmpipe import hf_folder
+
+        d["tokenizer"] = hf_folder.tokenizer_identity(tokenizer)
     return canonical_json(d | {"dataset": dataset})
+
+
+def conversations_tokenizer(config: dict[str, Any], dataset: str) -> str:
+    """The folder whose tokenizer prepares `dataset`'s conversations: the base model's own for
+    runs of `model.arch: hf`, else GPT-2's (the config's `tokenizer`); runs of two tokenizers
+    on one dataset are an error (each needs its own dataset entry)."""
+    from lmpipe import hf_folder
+
+    found: dict[str, str] = {}
+    for name, r in config["runs"].items():
+        if r["dataset"] != dataset:
+            continue
+        m = config["models"][r["model"]]
+        folder = config["tokenizer"]
+        if m.get("arch") == "hf":
+            folder = str(hf_folder.resolve(m["path"], m.get("revision")))
+        found.setdefault(folder, name)
+    if len(found) > 1:
+        (a, ra), (b, rb) = list(found.items())[:2]
+        raise ConfigError(
+            f"datasets.{dataset}: runs {ra} and {rb} tokenize it with different tokenizers"
+            f" ({a}, {b}); give each its own dataset entry"
+        )
+    return next(iter(found), config["tokenizer"])
 
 
 # train keys added since runs were trained, with the value that behaves as they did

@@ -145,6 +145,10 @@ def model_schema() -> dict[str, Any]:
     }
 
 
+def _without_default(prop: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in prop.items() if k != "default"}
+
+
 def optimizer_schema() -> dict[str, Any]:
     """train.optimizer: a name and that optimizer's settings. An unknown name is lmpipe.schema's
     error (it names the known ones)."""

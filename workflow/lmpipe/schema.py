@@ -19,6 +19,7 @@ hold neither Snakemake nor jsonschema): they get the checked slices (lmpipe.conf
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import tempfile
@@ -200,6 +201,53 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
             )
         if not text or is_conversations(config, text):
             raise ConfigError(f"{where}.base.dataset: an `hf` base needs a text dataset (val loss)")
+        check_hf_base(config, name)
+
+
+def check_hf_run(config: dict[str, Any], name: str, rc: Any) -> None:
+    """What an `arch: hf` run cannot do yet, refused before any job: pretraining on text (the
+    text shards are GPT-2's tokens, not the model's) and evaluations during training (their
+    scorers tokenize with GPT-2's BPE); fine-tuning on conversations and every evaluation of the
+    converted model take the model's own tokenizer."""
+    from lmpipe.config import in_training
+
+    where, r = f"runs.{name}", config["runs"][name]
+    if "sft" not in r and r.get("train") is not None:  # (train: null: evaluated as it is)
+        raise ConfigError(
+            f"{where}: model {r['model']!r} (arch hf) can only be fine-tuned"
+            " on conversations (base: and sft:): text shards hold GPT-2's tokens, not its own"
+        )
+    during = sorted(in_training(rc))
+    if during:
+        raise ConfigError(
+            f"{where}.eval: {', '.join(during)} during training scores with GPT-2's tokenizer;"
+            " an arch hf model is scored after training only (set during_training.every: 0)"
+        )
+
+
+def check_hf_base(config: dict[str, Any], name: str) -> None:
+    """`base: {hf: DIR}`: a run of our own GPT-2 model reads GPT-2 folders only; any other
+    causal LM is fine-tuned as `model.arch: hf` (its folder checked by lmpipe.hf_folder)."""
+    from lmpipe import hf_folder
+
+    r, where = config["runs"][name], f"runs.{name}.base.hf"
+    folder = r["base"]["hf"]
+    arch = config["models"][r["model"]].get("arch", "gpt2")
+    if arch == "hf":
+        try:
+            hf_folder.check_folder(hf_folder.resolve(folder), False)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        return
+    cfg = Path(folder) / "config.json"
+    if cfg.is_file():
+        found = json.loads(cfg.read_text())
+        kind = found.get("lmpipe_arch") or found.get("model_type")
+        if kind != arch:
+            raise ConfigError(
+                f"{where}: {cfg} is a {kind} model, not the run's model.arch {arch!r}: fine-tune"
+                f" it with a model of `arch: hf, path: {folder}`"
+            )
 
 
 # the train settings of the evaluations during training, now in each evaluation's own section
@@ -338,6 +386,8 @@ def check_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"{where}.train: 'max_steps' is required")
         rc = run_config(config, name)
         check_muon(config, name, rc.model)
+        if rc.model.arch == "hf":
+            check_hf_run(config, name, rc)
         if rc.train.seq_len > rc.model.block_size:
             raise ConfigError(
                 f"{where}.train.seq_len {rc.train.seq_len} exceeds the model's block_size"

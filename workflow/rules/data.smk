@@ -160,7 +160,8 @@ rule prepare_conversations:
     params:
         cfg=lambda wc: lmconfig.conversations_params(config, wc.dataset),
         out=lambda wc: LAYOUT.conversations_dir(wc.dataset),
-        tokenizer=config["tokenizer"],
+        # GPT-2's, or the base model's own (its identity is in cfg: a changed one reruns this)
+        tokenizer=lambda wc: lmconfig.conversations_tokenizer(config, wc.dataset),
     shell:
         # the module itself, not the chat package's command line: its other commands need
         # torch, which the data env has not

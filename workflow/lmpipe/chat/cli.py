@@ -3,11 +3,12 @@
     lmpipe-chat results/runs/embedded-a-chat/model/hf               # interactive; empty line quits
     lmpipe-chat results/runs/embedded-a-chat/model/hf --prompt "Who are you?"   # one turn
 
-The model is the Hugging Face folder `convert` writes (transformers GPT2LMHeadModel and its
-tokenizer); the prompt is the Vicuna v1.1 template of `lmpipe.chat.template`, ending with
-"ASSISTANT:".
-Tokens are printed as they are generated (transformers' TextStreamer) until the model writes
-end-of-text, the `</s>` of the template. The conversation so far is the context; when it no longer
+The model is a Hugging Face folder `convert` writes (GPT-2's GPT2LMHeadModel, or a `model.arch:
+hf` run's own class) with its tokenizer; the prompt is the Vicuna v1.1 template of
+`lmpipe.chat.template` on that tokenizer's special tokens, ending with "ASSISTANT:". The model's
+own `generate` writes the reply (with its KV cache); tokens are printed as they come
+(transformers' TextStreamer) until the model writes the tokenizer's end of text, the `</s>` of
+the template. The conversation so far is the context; when it no longer
 fits the model's window, the oldest exchanges are dropped.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from lmpipe.chat.template import prompt_ids
-from lmpipe.data.tokenizer import EOT_ID
+from lmpipe.data.tokenizer import HFTokenizer
 
 
 def load(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
@@ -33,12 +34,17 @@ def load(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (expected a converted model folder)")
     arch = json.loads((model_dir / "config.json").read_text()).get("lmpipe_arch", "gpt2")
-    if arch != "gpt2":  # a native folder (lmpipe.models.modern.hf): no transformers class
+    if arch not in (
+        "gpt2",
+        "hf",
+    ):  # a native folder (lmpipe.models.modern.hf): no transformers class
         raise ValueError(
-            f"{model_dir}: a model.arch {arch!r} folder; the chat CLI reads GPT-2 ones"
+            f"{model_dir}: a model.arch {arch!r} folder; the chat CLI reads transformers ones"
         )
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, use_safetensors=True, local_files_only=True
+    ).to(device)
     return model.eval(), tokenizer
 
 
@@ -46,13 +52,10 @@ def fit_prompt(
     tokenizer: Any, history: list[tuple[str, str]], message: str, window: int, reply_tokens: int
 ) -> list[int]:
     """Prompt ids leaving room for `reply_tokens`: the oldest exchanges go first."""
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False)
-
+    tok = HFTokenizer(tokenizer, "the model's tokenizer")
     history = list(history)
     while True:
-        ids = prompt_ids(encode, history, message)
+        ids = prompt_ids(tok, history, message)
         if len(ids) + reply_tokens <= window or not history:
             break
         history.pop(0)
@@ -61,6 +64,14 @@ def fit_prompt(
             f"the message takes {len(ids)} tokens with the template; the model's window is {window}"
         )
     return ids
+
+
+def context_window(config: Any) -> int:
+    """The model's context: GPT-2's n_positions, a Llama's or Qwen2's max_position_embeddings."""
+    for key in ("n_positions", "max_position_embeddings"):
+        if getattr(config, key, None):
+            return int(getattr(config, key))
+    raise ValueError(f"{type(config).__name__}: no context length (n_positions)")
 
 
 @torch.no_grad()
@@ -78,7 +89,8 @@ def reply(
     """The assistant's answer to `message` (greedy when top_k is 0), streamed to stdout if asked."""
     from transformers import TextStreamer
 
-    window = model.config.n_positions
+    window = context_window(model.config)
+    eot = HFTokenizer(tokenizer, "the model's tokenizer").eot_token  # the template's </s>
     ids = fit_prompt(tokenizer, history, message, window, min(max_new_tokens, window // 2))
     input_ids = torch.tensor([ids], device=model.device)
     sampling = {"do_sample": False}
@@ -89,16 +101,17 @@ def reply(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
         max_new_tokens=min(max_new_tokens, window - len(ids)),
-        eos_token_id=EOT_ID,  # the template's </s>: the end of a reply
-        pad_token_id=EOT_ID,
+        use_cache=True,  # the model's own KV cache: each new token runs alone
+        eos_token_id=eot,  # the end of a reply
+        pad_token_id=eot,
         streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         if stream
         else None,
         **sampling,
     )
     new = out[0, len(ids) :].tolist()
-    if EOT_ID in new:
-        new = new[: new.index(EOT_ID)]
+    if eot in new:
+        new = new[: new.index(eot)]
     return tokenizer.decode(new).strip()
 
 

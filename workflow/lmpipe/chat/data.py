@@ -33,11 +33,13 @@ from lmpipe.chat.template import (
     TEMPLATES,
     MalformedConversation,
     check_conversation,
+    check_template,
     encode_exchange,
     segments,
+    start_ids,
 )
 from lmpipe.config import ConversationsConfig, build
-from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.data.tokenizer import Tokenizer, load_tokenizer
 from lmpipe.files import atomic_dir, sha256_file
 
 IGNORE = -1  # the target of a token that does not count (the model's cross_entropy ignore_index)
@@ -55,28 +57,28 @@ class Row:
     truncated: bool
 
 
-def to_row(enc, turns: list[tuple[str, str]], seq_len: int) -> Row | None:
+def to_row(enc: Tokenizer, turns: list[tuple[str, str]], seq_len: int) -> Row | None:
     """One fixed-length row; None when not even part of the first reply fits.
 
     Too long: whole leading exchanges are kept and the rest dropped; when the first exchange alone
     is too long it is cut at the end (its reply's first tokens still count).
     """
-    ids: list[int] = []
-    counts: list[bool] = []
+    ids: list[int] = start_ids(enc)  # <s> where the tokenizer has one: never counted
+    counts: list[bool] = [False] * len(ids)
     truncated = False
     for k, exchange in enumerate(segments(turns)):
-        e_ids, e_counts = encode_exchange(enc.encode_ordinary, exchange)
+        e_ids, e_counts = encode_exchange(enc, exchange)
         if len(ids) + len(e_ids) > seq_len + 1:  # seq_len inputs and their next tokens
             truncated = True
             if k == 0:
-                ids, counts = e_ids[: seq_len + 1], e_counts[: seq_len + 1]
+                ids, counts = (ids + e_ids)[: seq_len + 1], (counts + e_counts)[: seq_len + 1]
             break
         ids, counts = ids + e_ids, counts + e_counts
     targets = [t if c else IGNORE for t, c in zip(ids[1:], counts[1:], strict=True)]
     if all(t == IGNORE for t in targets):
         return None
     n = len(ids) - 1
-    row_in = np.full(seq_len, EOT_ID, dtype=np.int32)
+    row_in = np.full(seq_len, enc.eot_token, dtype=np.int32)
     row_tg = np.full(seq_len, IGNORE, dtype=np.int32)
     row_in[:n], row_tg[:n] = ids[:-1], targets
     return Row(row_in, row_tg, truncated)
@@ -95,13 +97,16 @@ class Prepared:
     malformed: list[str] = field(default_factory=list)
     too_long: list[str] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)
+    tokenizer: str = ""  # the tokenizer's name (lmpipe.data.tokenizer.Tokenizer)
+    eot: int = -1  # its end of text: the padding of the rows' inputs
 
 
-def prepare(records: Iterable[Any], cfg: ConversationsConfig, enc) -> Prepared:
+def prepare(records: Iterable[Any], cfg: ConversationsConfig, enc: Tokenizer) -> Prepared:
     """Check, render, tokenize, mask and split the conversations."""
     if cfg.template not in TEMPLATES:
         raise ValueError(f"template {cfg.template!r} unknown; known: {', '.join(TEMPLATES)}")
-    out = Prepared()
+    check_template(enc, f"datasets.{cfg.dataset}: tokenizer {enc.name}")
+    out = Prepared(tokenizer=enc.name, eot=enc.eot_token)
     for index, record in enumerate(records):
         out.conversations += 1
         try:
@@ -191,8 +196,8 @@ def _write(prepared: Prepared, cfg: ConversationsConfig, tmp: Path) -> dict[str,
         "dataset": cfg.dataset,
         "kind": "conversations",
         "template": cfg.template,
-        "tokenizer": "gpt2",
-        "eot": EOT_ID,
+        "tokenizer": prepared.tokenizer,
+        "eot": prepared.eot,
         "ignore_index": IGNORE,
         "seq_len": cfg.seq_len,
         "val_percent": cfg.val_percent,
@@ -214,11 +219,17 @@ def _write(prepared: Prepared, cfg: ConversationsConfig, tmp: Path) -> dict[str,
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config-json", required=True, help="the dataset's conversations_params")
-    p.add_argument("--tokenizer", required=True, help="folder with GPT-2 encoder.json, vocab.bpe")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="GPT-2's encoder.json and vocab.bpe, or the base model's folder (its own tokenizer)",
+    )
     p.add_argument("--out", required=True, type=Path, help="folder to write (arrays + manifest)")
     args = p.parse_args(argv)
-    cfg = build(ConversationsConfig, json.loads(args.config_json), "datasets")
-    prepared = prepare(read_records(cfg), cfg, gpt2_encoding(args.tokenizer))
+    params = json.loads(args.config_json)
+    params.pop("tokenizer", None)  # the tokenizer's identity: the rule's cache key, read here
+    cfg = build(ConversationsConfig, params, "datasets")
+    prepared = prepare(read_records(cfg), cfg, load_tokenizer(args.tokenizer))
     m = write(prepared, cfg, args.out)
     print(
         f"{cfg.dataset}: {m['conversations']} conversations -> {m['kept']['train']} train +"

@@ -24,9 +24,11 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from lmpipe import hf_folder
 from lmpipe.chat.loader import (
     ConversationLoader,
     ConversationsManifest,
@@ -36,7 +38,7 @@ from lmpipe.chat.loader import (
 )
 from lmpipe.config import SFTConfig, TrainConfig, TrainJob
 from lmpipe.files import sha256_file
-from lmpipe.models import load_final_checkpoint, load_hf
+from lmpipe.models import architecture, load_final_checkpoint, load_hf
 from lmpipe.train.loop import Task, worker_main
 from lmpipe.train.parallel import Dist
 
@@ -63,7 +65,8 @@ def base_identity(path: str | Path) -> str:
     if (path / "meta.json").is_file():
         meta = json.loads((path / "meta.json").read_text())
         return f"run {meta['run']} settings {meta['settings_hash']} step {meta['step']}"
-    return f"hf model.safetensors {sha256_file(path / 'model.safetensors')}"
+    files = hf_folder.safetensors_files(path)
+    return "hf " + " ".join(f"{f.name} {sha256_file(f)}" for f in files)
 
 
 def load_base(model: torch.nn.Module, path: str | Path) -> str:
@@ -75,14 +78,24 @@ def load_base(model: torch.nn.Module, path: str | Path) -> str:
     path = Path(path)
     if (path / "meta.json").is_file():
         base, _ = load_final_checkpoint(path)
+    elif model.config.arch == "hf":  # any causal LM folder: the model's own class reads it
+        base = architecture("hf").load_hf(path)
     elif (path / "config.json").is_file():
         base = load_hf(path)
     else:
         raise FileNotFoundError(f"{path}: neither a final checkpoint nor a Hugging Face folder")
-    if base.config != model.config:
+    if same_model(base.config) != same_model(model.config):
         raise ValueError(f"{path}: base model {base.config} is not the run's model {model.config}")
     model.load_state_dict(base.state_dict(), strict=True)
     return base_identity(path)
+
+
+def same_model(config: Any) -> Any:
+    """What a base must share with the run's model: all of its config, but an hf model's folder
+    (a base is often another folder of the same model: an export, a copy)."""
+    if config.arch != "hf":
+        return config
+    return dataclasses.replace(config, path="", revision=None)
 
 
 def fine_tuning(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Task:

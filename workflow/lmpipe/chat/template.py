@@ -1,8 +1,15 @@
-"""FastChat's Vicuna v1.1 conversation template, with GPT-2's `<|endoftext|>` as `</s>`.
+"""FastChat's Vicuna v1.1 conversation template, on the tokenizer's own special tokens.
 
-    {system} USER: {human} ASSISTANT: {gpt}<|endoftext|>USER: {human} ASSISTANT: {gpt}<|endoftext|>
+    <s>{system} USER: {human} ASSISTANT: {gpt}</s>USER: {human} ASSISTANT: {gpt}</s>
 
-(conversation.py, `SeparatorStyle.ADD_COLON_TWO`, sep=" ", sep2="</s>"). Training rows
+(lm-sys/FastChat fastchat/conversation.py, `SeparatorStyle.ADD_COLON_TWO`, sep=" ", sep2="</s>").
+`</s>` is the tokenizer's end of text (GPT-2's `<|endoftext|>`, a Llama's `</s>`), `<s>` its
+beginning of sequence where it has one of its own (lmpipe.data.tokenizer.bos_id: GPT-2 has
+none). The loss mask is FastChat's (lm-sys/FastChat fastchat/train/train.py, `preprocess`): the
+leading <s>, the system line, each "USER: ... ASSISTANT:" never count; each reply and the </s>
+closing it do. FastChat tokenizes the whole text and finds the instruction lengths by
+re-tokenizing each part (with a hard-coded offset for LLaMA's tokenizer); the pieces here are
+tokenized one by one instead, so the mask is exact by construction. Training rows
 (lmpipe.chat.data) and the prompts a chat sends (lmpipe.chat.cli, lmpipe.chat.evals) are both
 rendered here, so a model is asked in exactly the form it was taught. With GPT-2's BPE the space
 after "ASSISTANT:" belongs to the reply's first token (" I"), so a prompt ends with "ASSISTANT:"
@@ -11,10 +18,9 @@ exactly as FastChat's does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from lmpipe.data.tokenizer import EOT, EOT_ID
+from lmpipe.data.tokenizer import EOT, Tokenizer, bos_id
 
 # FastChat's vicuna_v1.1 template
 SYSTEM = (
@@ -78,19 +84,37 @@ def render(turns: list[tuple[str, str]]) -> str:
     return "".join(text for ex in segments(turns) for text, _ in ex)
 
 
-def prompt_ids(
-    encode: Callable[[str], list[int]], history: list[tuple[str, str]], message: str
-) -> list[int]:
+def prompt_ids(tok: Tokenizer, history: list[tuple[str, str]], message: str) -> list[int]:
     """Token ids of the prompt a model continues to answer `message` after `history` (human,
-    gpt pairs): the rendered conversation so far, then "USER: {message} ASSISTANT:" (the system
-    line first when there is no history). End-of-text is its token, never its text."""
+    gpt pairs): <s> where the tokenizer has one, the rendered conversation so far, then
+    "USER: {message} ASSISTANT:" (the system line first when there is no history). End-of-text
+    is its token, never its text."""
     turns = [t for pair in history for t in (("human", pair[0]), ("gpt", pair[1]))]
-    ids = [i for ex in segments(turns) for i in encode_exchange(encode, ex)[0]]
-    return ids + encode((SYSTEM + " " if not history else "") + f"USER: {message} ASSISTANT:")
+    ids = start_ids(tok) + [i for ex in segments(turns) for i in encode_exchange(tok, ex)[0]]
+    prompt = (SYSTEM + " " if not history else "") + f"USER: {message} ASSISTANT:"
+    return ids + tok.encode_ordinary(prompt)
+
+
+def start_ids(tok: Tokenizer) -> list[int]:
+    """What a conversation starts with: [<s>] where the tokenizer has its own, else nothing."""
+    bos = bos_id(tok)
+    return [] if bos is None else [bos]
+
+
+def check_template(tok: Tokenizer, where: str) -> None:
+    """The template's fixed text must come back from the tokenizer as it went in (no unknown
+    pieces, no normalisation): else the tokenizer cannot express it; `where` names it."""
+    text = SYSTEM + " USER: Hi ASSISTANT: Hello"
+    back = tok.decode(tok.encode_ordinary(text))
+    if back != text:
+        raise ValueError(
+            f"{where}: the tokenizer cannot express the Vicuna template: {text!r} decodes back as"
+            f" {back!r}"
+        )
 
 
 def encode_exchange(
-    encode: Callable[[str], list[int]], exchange: list[tuple[str, bool]]
+    tok: Tokenizer, exchange: list[tuple[str, bool]]
 ) -> tuple[list[int], list[bool]]:
     """Tokens of one exchange and whether each counts in the loss.
 
@@ -100,7 +124,7 @@ def encode_exchange(
     ids: list[int] = []
     counts: list[bool] = []
     for text, counted in exchange:
-        piece = [EOT_ID] if text == EOT else encode(text)
+        piece = [tok.eot_token] if text == EOT else tok.encode_ordinary(text)
         ids += piece
         counts += [counted] * len(piece)
     return ids, counts

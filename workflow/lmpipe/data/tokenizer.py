@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Any, Protocol
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+from lmpipe.hf_folder import TOKENIZER_FILES, tokenizer_identity
 
 EOT = "<|endoftext|>"
 EOT_ID = 50256
@@ -44,3 +47,79 @@ def gpt2_encoding(tokenizer_dir: str | Path) -> tiktoken.Encoding:
         special_tokens={EOT: EOT_ID},
         explicit_n_vocab=50257,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# the tokenizer of a model: GPT-2's BPE above, or a Hugging Face folder's own
+
+
+class Tokenizer(Protocol):
+    """What the data, chat and eval code asks of a tokenizer: tiktoken's Encoding's own names,
+    so GPT-2's tiktoken encoding is one as it is (byte-identical to before) and a base model's
+    AutoTokenizer (HFTokenizer) is the other."""
+
+    name: str  # "gpt2", or "hf <sha256 of the folder's tokenizer files>"
+    eot_token: int  # ends a document, and a chat reply (the template's </s>)
+    n_vocab: int  # ids are below it (special tokens included)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Ids of plain text: special tokens' text is never read as them."""
+        ...
+
+    def decode(self, tokens: list[int]) -> str: ...
+
+
+def bos_id(tokenizer: Tokenizer) -> int | None:
+    """The id that starts a sequence where the tokenizer has one of its own (Llama's <s>); None
+    where it has none or it is the end of text (GPT-2's <|endoftext|> is both)."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return None if bos == tokenizer.eot_token else bos
+
+
+class HFTokenizer:
+    """A Hugging Face folder's tokenizer (AutoTokenizer, local files only) as a Tokenizer: the end
+    of text is its eos token, the start its bos token where it has one."""
+
+    def __init__(self, tok: Any, name: str) -> None:
+        if tok.eos_token_id is None:
+            raise ValueError(f"{name}: the tokenizer has no eos token (a document and a reply end)")
+        self.tok, self.name = tok, name
+        self.eot_token, self.bos_token_id = int(tok.eos_token_id), tok.bos_token_id
+        self.n_vocab = len(tok)
+
+    @classmethod
+    def from_dir(cls, tokenizer_dir: str | Path) -> HFTokenizer:
+        """AutoTokenizer of a folder, from its local files only."""
+        from transformers import AutoTokenizer
+
+        d = Path(tokenizer_dir)
+        return cls(AutoTokenizer.from_pretrained(str(d), local_files_only=True),
+                   f"hf {tokenizer_identity(d)}")  # fmt: skip
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens)
+
+
+def model_tokenizer(model_dir: str | Path, gpt2_dir: str | Path) -> Tokenizer:
+    """The tokenizer of a converted model folder: its own for a `model.arch: hf` export (its
+    config.json's `lmpipe_arch`), else GPT-2's tiktoken encoding from `gpt2_dir`."""
+    import json
+
+    config = Path(model_dir) / "config.json"
+    arch = json.loads(config.read_text()).get("lmpipe_arch") if config.is_file() else None
+    return load_tokenizer(model_dir if arch == "hf" else gpt2_dir)
+
+
+@cache
+def load_tokenizer(tokenizer_dir: str | Path) -> Tokenizer:
+    """GPT-2's tiktoken encoding for a folder of OpenAI's files (encoder.json, vocab.bpe), else
+    the folder's own Hugging Face tokenizer."""
+    d = Path(tokenizer_dir)
+    if (d / "encoder.json").is_file() and (d / "vocab.bpe").is_file():
+        return gpt2_encoding(str(d))
+    if not any((d / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{d}: no tokenizer (neither GPT-2's files nor tokenizer.json)")
+    return HFTokenizer.from_dir(d)

@@ -67,9 +67,10 @@ def render_task(
 
 def harness_model(model_dir: str | Path) -> str:
     """lm-eval's model for a converted folder: `hf` for GPT-2 (its config.json's `lmpipe_arch`,
-    absent in OpenAI's own folder), else `lmpipe`, registered by importing its module."""
+    absent in OpenAI's own folder) and any `model.arch: hf` export (the model's own class and
+    tokenizer), else `lmpipe`, registered by importing its module."""
     arch = json.loads((Path(model_dir) / "config.json").read_text()).get("lmpipe_arch", "gpt2")
-    if arch == "gpt2":
+    if arch in ("gpt2", "hf"):
         return "hf"
     from lmpipe.eval.lm_eval_model import MODEL_NAME
 

@@ -25,9 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import tiktoken
-
-from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.data.tokenizer import Tokenizer, model_tokenizer
 from lmpipe.eval.results import mean_stderr, produced_by
 from lmpipe.eval.suite import native
 from lmpipe.eval.suite.data import TaskData
@@ -123,7 +121,7 @@ def lm_eval_prompt(item: dict) -> tuple[str, list[str]]:
     return preprocess(item["activity_label"] + ": " + ctx), [preprocess(e) for e in item["endings"]]
 
 
-def llmc_rows(item: dict, enc: tiktoken.Encoding) -> list[tuple[list[int], list[int]]]:
+def llmc_rows(item: dict, enc: Tokenizer) -> list[tuple[list[int], list[int]]]:
     """llm.c's four rows of an item: the context's tokens, then those of " " + ending, each
     encoded alone (lm-eval's rows are the native scorer's `encode_pair` of its request)."""
     ctx = enc.encode_ordinary(item["ctx"])
@@ -134,7 +132,7 @@ def llmc_rows(item: dict, enc: tiktoken.Encoding) -> list[tuple[list[int], list[
 # a task of the native multiple-choice scorer
 
 
-def task_item(item: dict, enc: tiktoken.Encoding, scoring: str) -> Item:
+def task_item(item: dict, enc: Tokenizer, scoring: str) -> Item:
     """One item as the native scorer's `Item` under a scoring option (module docstring)."""
     if scoring == "lm_eval":  # acc_norm by the choices' characters
         query, choices = lm_eval_prompt(item)
@@ -151,7 +149,7 @@ def task_item(item: dict, enc: tiktoken.Encoding, scoring: str) -> Item:
     )
 
 
-def task_data(items: list[dict], enc: tiktoken.Encoding, scoring: str = "llmc") -> TaskData:
+def task_data(items: list[dict], enc: Tokenizer, scoring: str = "llmc") -> TaskData:
     """HellaSwag's `items` (load_items) as a task of the native scorer, in order:
     `native.score_task(model, task_data(items, enc), enc)` scores them, and
     `native.item_rows(data.items, enc)` gives their rows, four an item."""
@@ -195,7 +193,7 @@ def evaluate(
     items = load_items(items_file, settings.items)
     if len(items) < settings.items:
         print(f"note: {items_file} holds {len(items)} items, fewer than {settings.items}")
-    enc = gpt2_encoding(TOKENIZER_DIR)
+    enc = model_tokenizer(model_dir, TOKENIZER_DIR)  # GPT-2's, or an hf model's own
     # settings.batch counts items; the scorer's batch counts rows, four an item
     batch_rows = settings.batch * NUM_ENDINGS
     score = native.score_task(model, task_data(items, enc, "llmc"), enc, batch_rows, device)

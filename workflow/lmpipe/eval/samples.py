@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import tiktoken
 import torch
 import torch.nn.functional as F
 
-from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.data.tokenizer import Tokenizer, model_tokenizer
 from lmpipe.eval.results import produced_by
 from lmpipe.models import load_hf
 from lmpipe.paths import TOKENIZER_DIR
@@ -58,7 +57,7 @@ def generate(
 
 def sample_completions(
     model: torch.nn.Module,
-    enc: tiktoken.Encoding,
+    enc: Tokenizer,
     max_new_tokens: int,
     top_k: int,
     seed: int,
@@ -71,10 +70,11 @@ def sample_completions(
     for i, prompt in enumerate(prompts):
         generator = torch.Generator(device=device).manual_seed(seed + i)
         idx = torch.tensor([enc.encode_ordinary(prompt)], dtype=torch.long, device=device)
-        new = generate(model, idx, max_new_tokens, top_k, generator, EOT_ID)[0, idx.size(1) :]
+        eot = enc.eot_token
+        new = generate(model, idx, max_new_tokens, top_k, generator, eot)[0, idx.size(1) :]
         new = new.tolist()
-        ended = EOT_ID in new
-        new = new[: new.index(EOT_ID)] if ended else new
+        ended = eot in new
+        new = new[: new.index(eot)] if ended else new
         out.append({"prompt": prompt, "completion": enc.decode(new), "ended": ended})
     return out
 
@@ -83,7 +83,7 @@ def evaluate(
     settings: SampleSettings, model_dir: Path, inputs: dict[str, Path], device: str
 ) -> dict[str, Any]:
     model = load_hf(model_dir).to(device)
-    enc = gpt2_encoding(TOKENIZER_DIR)
+    enc = model_tokenizer(model_dir, TOKENIZER_DIR)  # GPT-2's, or an hf model's own
     samples = sample_completions(
         model, enc, settings.tokens, settings.top_k, settings.seed, device=device
     )

@@ -9,6 +9,7 @@
   demo).
 - Chat replies that repeat across different prompts.
 - Attempts that resumed past an unusable checkpoint, and the steps that cost.
+- A model that ran code shipped in its folder (`arch: hf` with `trust_remote_code: true`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ def skipped_checkpoints(run: Run) -> str | None:
     )
 
 
+def remote_code(run: Run) -> str | None:
+    """A run whose model ran Python code shipped in its folder (`arch: hf`, trust_remote_code)."""
+    model = run.settings.get("model") or {}
+    if not model.get("trust_remote_code"):
+        return None
+    return (
+        f"{run.name} ran Python code shipped in its model folder {model.get('path')}"
+        " (model.trust_remote_code: true)."
+    )
+
+
 def findings(runs: list[Run]) -> list[str]:
     """The verdict's lines: each pretraining run's val loss against the first's, then flags."""
     pretrained = [r for r in runs if not r.fine_tuned]
@@ -133,4 +145,5 @@ def findings(runs: list[Run]) -> list[str]:
     lines += [lost_pretraining(r, runs) for r in runs]
     lines += [repeated_replies(r) for r in runs]
     lines += [skipped_checkpoints(r) for r in runs]
+    lines += [remote_code(r) for r in runs]
     return [line for line in lines if line]

@@ -16,11 +16,10 @@ the packing, the log-likelihoods and the choice are the same code for every task
 
 from __future__ import annotations
 
-import tiktoken
 import torch
 from tqdm import tqdm
 
-from lmpipe.data.tokenizer import EOT_ID
+from lmpipe.data.tokenizer import Tokenizer
 from lmpipe.eval import packing
 from lmpipe.eval.suite.data import TaskData
 from lmpipe.eval.suite.metrics import TaskScore, choose
@@ -29,11 +28,14 @@ from lmpipe.eval.suite.tasks import Item
 Row = packing.Row
 
 
-def encode_pair(enc: tiktoken.Encoding, context: str, continuation: str) -> Row:
-    """lm-eval's `loglikelihood` + `_encode_pair` for a causal model without a BOS token."""
-    if context == "":  # the prefix token (end of text) as the context
+def encode_pair(enc: Tokenizer, context: str, continuation: str) -> Row:
+    """lm-eval's `loglikelihood` + `_encode_pair` for a causal model (lm-eval's `hf` model adds
+    no BOS token to the pairs)."""
+    if context == "":  # lm-eval's prefix token as the context: the BOS token, else end of text
+        prefix = getattr(enc, "bos_token_id", None)
+        prefix = enc.eot_token if prefix is None else prefix
         cont = enc.encode_ordinary(continuation)
-        return ([EOT_ID], cont) if cont[0] != EOT_ID else (cont[:1], cont[1:])
+        return ([prefix], cont) if cont[0] != prefix else (cont[:1], cont[1:])
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
@@ -42,7 +44,7 @@ def encode_pair(enc: tiktoken.Encoding, context: str, continuation: str) -> Row:
     return ctx, whole[len(ctx) :]
 
 
-def choice_rows(item: Item, enc: tiktoken.Encoding) -> list[Row]:
+def choice_rows(item: Item, enc: Tokenizer) -> list[Row]:
     """An item's rows, one a choice: the task's own (`Item.rows`), else lm-eval's encoding."""
     if item.rows is not None:
         return [(list(ctx), list(cont)) for ctx, cont in item.rows]
@@ -52,7 +54,7 @@ def choice_rows(item: Item, enc: tiktoken.Encoding) -> list[Row]:
     ]
 
 
-def item_rows(items: list[Item], enc: tiktoken.Encoding) -> list[Row]:
+def item_rows(items: list[Item], enc: Tokenizer) -> list[Row]:
     """Every choice of every item, in order."""
     return [row for item in items for row in choice_rows(item, enc)]
 
@@ -74,7 +76,7 @@ def check_choices_fit(data: TaskData, rows: list[Row], block_size: int) -> None:
 def score_task(
     model: torch.nn.Module,
     data: TaskData,
-    enc: tiktoken.Encoding,
+    enc: Tokenizer,
     batch_rows: int = 32,
     device: str | torch.device = "cpu",
     show_progress: bool = True,

@@ -88,7 +88,7 @@ def evaluate(
     settings: SuiteSettings, model_dir: Path, inputs: dict[str, Path], device: str
 ) -> dict[str, Any]:
     """The suite with the native batched scorer."""
-    from lmpipe.data.tokenizer import gpt2_encoding
+    from lmpipe.data.tokenizer import model_tokenizer
     from lmpipe.eval.results import produced_by
     from lmpipe.eval.suite import native
     from lmpipe.models import load_hf
@@ -97,7 +97,7 @@ def evaluate(
     manifest = Path(inputs["suite"])
     data, failed = load_tasks(manifest, list(settings.tasks), settings.items)
     model = load_hf(model_dir).to(device)
-    enc = gpt2_encoding(TOKENIZER_DIR)
+    enc = model_tokenizer(model_dir, TOKENIZER_DIR)  # GPT-2's, or an hf model's own
     scores = {}
     for name, task_data in data.items():
         try:
