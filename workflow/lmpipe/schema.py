@@ -234,6 +234,10 @@ def check_hf_base(config: dict[str, Any], name: str) -> None:
     folder = r["base"]["hf"]
     arch = config["models"][r["model"]].get("arch", "gpt2")
     if arch == "hf":
+        from lmpipe.config import hub_models
+
+        if any(config["models"][m]["path"] == folder for m in hub_models(config)):
+            return  # the download stage fetches it, and checks it as it lands (lmpipe.models.hub)
         try:
             hf_folder.check_folder(hf_folder.resolve(folder), False)
         except ValueError as e:
