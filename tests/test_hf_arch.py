@@ -98,7 +98,8 @@ def check_error(data: dict) -> str:
 def test_bad_folders_are_one_line_naming_the_file(hf_dirs, tmp_path):
     assert "'path' is required" in check_error({})
     assert f"{tmp_path}/none: no such folder" in check_error({"path": str(tmp_path / "none")})
-    assert "nor a hub id in the local Hugging Face cache" in check_error(
+    # neither on disk, in the local cache nor a copy of its config.json in resources/
+    assert "nobody/no-such-model: no config.json (not a local model folder" in check_error(
         {"path": "nobody/no-such-model"}
     )
     empty = tmp_path / "empty"
@@ -414,7 +415,9 @@ def test_a_hub_id_is_read_from_the_local_cache_only(hf_dirs, tmp_path, monkeypat
     assert hf_folder.resolve("org/tiny-llama", "abc123") == repo / "snapshots" / "abc123"
     config = model_config({"arch": "hf", "path": "org/tiny-llama"}, "models.m")
     assert config.n_layer == 2
-    assert "nor a hub id in the local" in check_error({"path": "org/tiny-llama", "revision": "v2"})
+    assert "org/tiny-llama: no config.json" in check_error(
+        {"path": "org/tiny-llama", "revision": "v2"}
+    )
 
 
 # ---- lm-eval's `hf` model on the export equals the native scorers, item by item -----------------

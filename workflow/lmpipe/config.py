@@ -151,15 +151,6 @@ def model_config(data: dict[str, Any], where: str) -> ModelConfig:
         if key not in names:
             raise ConfigError(f"{where}: {_unknown_model_key(key, arch, names)}")
     if arch == "hf":
-        if isinstance(data.get("path"), str) and Path(data["path"]).is_dir():
-            # a local folder is checked whole here, before any job: a causal LM, safetensors,
-            # a tokenizer that fits (lmpipe.hf_folder); a hub id is checked where it lands
-            from lmpipe import hf_folder
-
-            try:
-                hf_folder.check_folder(Path(data["path"]), bool(data.get("trust_remote_code")))
-            except ValueError as e:
-                raise ConfigError(f"{where}: {e}") from None
         data = data | hf_shape(data, where)
     return build(cls, data, where)
 
@@ -167,13 +158,25 @@ def model_config(data: dict[str, Any], where: str) -> ModelConfig:
 def hf_shape(data: dict[str, Any], where: str) -> dict[str, int]:
     """An `arch: hf` model's shape keys, from its config.json (lmpipe.hf_config): the model's
     own, never the entry's."""
+    from lmpipe import hf_folder
+
     if not isinstance(data.get("path"), str):
-        raise ConfigError(f"{where}.path: required for model.arch 'hf' (a folder or a hub id)")
+        raise ConfigError(f"{where}: 'path' is required for model.arch hf (a folder or a hub id)")
+    path, local = data["path"], None
+    try:  # a local folder, or a hub id's snapshot in the local Hugging Face cache
+        local = hf_folder.resolve(path, data.get("revision"))
+    except ValueError as e:
+        if Path(path).expanduser().is_absolute() or path.startswith("."):
+            raise ConfigError(f"{where}.path: {e}") from None
     try:
-        s = read_shape(data["path"])
+        if local is not None:  # checked whole before any job: lmpipe.hf_folder
+            hf_folder.check_folder(local, bool(data.get("trust_remote_code")))
+            path = str(local)
+        # else a hub id the download stage fetches: its config.json's copy in resources/
+        s = read_shape(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{where}.path: {e}") from None
-    return {
+    found = {
         "n_layer": s.n_layer,
         "n_head": s.n_head,
         "n_embd": s.n_embd,
@@ -181,6 +184,13 @@ def hf_shape(data: dict[str, Any], where: str) -> dict[str, int]:
         "vocab_size": s.vocab_size,
         "padded_vocab_size": s.vocab_size,
     }
+    for key, value in data.items():  # (the config check refuses them; a job's dict may hold them)
+        if key in found and value != found[key]:
+            raise ConfigError(
+                f"{where}.{key}: an `arch: hf` model's shape is its config.json's ({key} {value}"
+                f" is not the model's {found[key]})"
+            )
+    return found
 
 
 def _unknown_model_key(key: str, arch: str, names: typing.Iterable[str]) -> str:
