@@ -386,3 +386,16 @@ def test_the_bigger_presets_are_llmcs_runs_and_the_plan_says_what_they_need(conf
     assert "set train.activation_checkpointing (selective" in problem
     rc = lmconfig.run_config(config, "124m-1gpu")
     assert rc.train.grad_accum_steps(rc.launch.world_size) == 8  # the 8 GPUs' batch on one
+
+
+def test_the_vicuna_7b_report_plans_with_its_base_not_yet_downloaded(config, tmp_path):
+    """Its base is a hub model the download stage fetches: planning the report reads no folder
+    of it (the conversations' tokenizer is named by the hub id and pinned revision), and every
+    job fits its limit."""
+    dag = target_jobs("results/report_vicuna-7b.html", workdir=make_workdir(tmp_path))
+    jobs = jobs_of(config, dag)
+    assert [name for name, j in jobs.items() if j.problems] == []
+    assert {"download_model", "prepare_conversations", "train"} <= {j.rule for j in jobs.values()}
+    params = lmconfig.conversations_params(config, config["runs"]["vicuna-7b"]["dataset"])
+    model = config["models"][config["runs"]["vicuna-7b"]["model"]]
+    assert f"{model['path']}@{model['revision']}" in params

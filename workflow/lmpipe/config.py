@@ -720,7 +720,10 @@ def conversations_params(config: dict[str, Any], dataset: str) -> str:
     for a base model's own tokenizer, that tokenizer's files (a changed base reruns them)."""
     d = _fields_of(ConversationsConfig, config["datasets"][dataset])
     tokenizer = conversations_tokenizer(config, dataset)
-    if tokenizer != config["tokenizer"]:
+    hub = {layout(config).hub_model_dir(m): config["models"][m] for m in hub_models(config)}
+    if tokenizer in hub:  # not downloaded yet when the DAG is planned: its pinned revision
+        d["tokenizer"] = f"{hub[tokenizer]['path']}@{hub[tokenizer].get('revision') or 'main'}"
+    elif tokenizer != config["tokenizer"]:
         from lmpipe import hf_folder
 
         d["tokenizer"] = hf_folder.tokenizer_identity(tokenizer)
@@ -739,7 +742,9 @@ def conversations_tokenizer(config: dict[str, Any], dataset: str) -> str:
             continue
         m = config["models"][r["model"]]
         folder = config["tokenizer"]
-        if m.get("arch") == "hf":
+        if r["model"] in hub_models(config):  # fetched by the download stage
+            folder = str(layout(config).hub_model_dir(r["model"]))
+        elif m.get("arch") == "hf":
             folder = str(hf_folder.resolve(m["path"], m.get("revision")))
         found.setdefault(folder, name)
     if len(found) > 1:
