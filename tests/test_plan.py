@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 
 import pytest
@@ -399,3 +400,6 @@ def test_the_vicuna_7b_report_plans_with_its_base_not_yet_downloaded(config, tmp
     params = lmconfig.conversations_params(config, config["runs"]["vicuna-7b"]["dataset"])
     model = config["models"][config["runs"]["vicuna-7b"]["model"]]
     assert f"{model['path']}@{model['revision']}" in params
+    # the train job builds its model from that folder, not from the hub id
+    job = json.loads(lmconfig.train_params(config, "vicuna-7b"))
+    assert job["model"]["path"] == lmconfig.layout(config).hub_model_dir("llama-2-7b")

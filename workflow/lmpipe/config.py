@@ -866,6 +866,9 @@ def train_params(config: dict[str, Any], run: str) -> str:
         # cluster-only resources (memory, time limit, ...) never retrain a run
         "launch": {f.name: getattr(rc.launch, f.name) for f in dataclasses.fields(Placement)},
     }
+    name = config["runs"][run]["model"]
+    if name in hub_models(config):  # the job reads the download stage's folder, never the hub
+        job["model"]["path"] = layout(config).hub_model_dir(name)
     if rc.fine_tuning:
         job["base"] = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
         job["sft"] = dataclasses.asdict(rc.sft)
