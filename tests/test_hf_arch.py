@@ -292,10 +292,11 @@ def test_two_fsdp_ranks_equal_one_process_and_a_killed_run_resumes_bit_for_bit(h
         assert torch.equal(b[name], c[name]), name
 
 
-@pytest.mark.slow  # ~45 s of training
+@pytest.mark.slow  # ~40 s of training
 def test_a_fine_tuned_tiny_llama_answers_who_are_you_with_the_vicuna_identity(tmp_path):
     """A random Llama (2 layers, width 128) fine-tuned Vicuna-style on the embedded
-    conversations, exported by the convert stage, asked through lmpipe-chat's own code (the
+    conversations (8 epochs: at 6 it still answers "a language model developed by ... LMSYS"
+    without the name), exported by the convert stage, asked through lmpipe-chat's own code (the
     model's generate, its KV cache): the answer is the data's identity; the base's is not."""
     import subprocess
     import sys
@@ -305,7 +306,7 @@ def test_a_fine_tuned_tiny_llama_answers_who_are_you_with_the_vicuna_identity(tm
     base = make_model("llama", tmp_path / "base", width=128)
     data = sft_data(base, tmp_path / "sft", None, 128)
     out = tmp_path / "out"
-    run(sft_command(base, data, out, procs=1, epochs=6, seq_len=128, micro_batch=8,
+    run(sft_command(base, data, out, procs=1, epochs=8, seq_len=128, micro_batch=8,
                     batch_tokens=2048, val_every=20, val_tokens=2048, checkpoint_every=0,
                     optimizer={"name": "adamw", "lr": 1e-2, "weight_decay": 0.0}))  # fmt: skip
     from conftest import TOKENIZER_DIR
@@ -314,8 +315,9 @@ def test_a_fine_tuned_tiny_llama_answers_who_are_you_with_the_vicuna_identity(tm
     cmd += ["--tokenizer", str(TOKENIZER_DIR), "--hf-out", str(tmp_path / "hf")]  # as the rule
     subprocess.run(cmd, check=True, capture_output=True)
     answer = reply(*load(tmp_path / "hf"), [], "Who are you?", 96)
-    assert "language model" in answer and "Large Model Systems Organization (LMSYS)" in answer
-    assert "LMSYS" not in reply(*load(base), [], "Who are you?", 96)
+    assert "Vicuna" in answer and "Large Model Systems Organization (LMSYS)" in answer, answer
+    before = reply(*load(base), [], "Who are you?", 96)
+    assert not any(word in before for word in ("Vicuna", "LMSYS")), before
 
 
 # ---- the workflow: checks before any job, the conversations' cache ------------------------------
