@@ -63,7 +63,7 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> 
     if kind != "cuda":
         return flex_attention(q, k, v, block_mask=mask)
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention)
     return _compiled_flex(q, k, v, block_mask=mask)
 
 

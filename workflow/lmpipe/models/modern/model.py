@@ -60,6 +60,7 @@ def modern_config(**fields) -> ModelConfig:
 
 EOT = 50256  # GPT-2's end-of-text token: the shards put one before each document
 WINDOW_BLOCK = 128  # the records' FlexAttention block: the window counts whole blocks
+_compiled_block_mask = None  # torch.compile(create_block_mask), made on CUDA's first use
 
 
 def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) -> torch.Tensor:
@@ -101,16 +102,13 @@ def document_window_block_mask(idx: torch.Tensor, document: bool, window: int | 
             allowed = allowed & (q_idx // WINDOW_BLOCK - kv_idx // WINDOW_BLOCK < blocks)
         return allowed
 
-    return create_block_mask(
-        mask_mod,
-        B,
-        None,
-        T,
-        T,
-        device=idx.device,
-        BLOCK_SIZE=WINDOW_BLOCK,
-        _compile=idx.device.type == "cuda",
-    )
+    make = create_block_mask
+    if idx.device.type == "cuda":  # torch's advice: compiled, it never holds the dense mask
+        global _compiled_block_mask
+        if _compiled_block_mask is None:
+            _compiled_block_mask = torch.compile(create_block_mask)
+        make = _compiled_block_mask
+    return make(mask_mod, B, None, T, T, device=idx.device, BLOCK_SIZE=WINDOW_BLOCK)
 
 
 def window_at(config: ModelConfig, progress: float) -> int | None:
