@@ -416,6 +416,7 @@ def test_the_speedrun_presets_rows_and_attention_are_its_records(tmp_path):
     assert (t.seq_len, t.micro_batch, rc.launch.procs_per_node) == (65536, 1, 8)
     assert t.batch_tokens == 8 * 65536 and m.block_size >= 65536
     assert (m.document_mask, m.attention_window, m.attention_window_final) == (True, 128, 1792)
+    assert rc.eval["val_loss"].batch * m.block_size == 65536  # the val rows: one a forward
     tokens = np.arange(2 * t.batch_tokens + 1) % 50257
     write_shard(tmp_path / "train.bin", tokens.astype(np.uint16))
     for rank in (0, 5):
