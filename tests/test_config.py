@@ -396,3 +396,40 @@ def test_the_speedrun_presets_optimizer_is_its_records():
     assert (m.rope_frequencies, tuple(m.no_attention)) == ("half_truncated", (7,))
     assert (m.qkv, m.unet_skips, o.scalar_lr) == ("separate", True, 0.04)  # its skip_weights
     assert (m.value_embeddings, m.embedding_mix) == (3, True)  # ValueEmbedding, Block.lambdas
+
+
+def test_the_speedrun_presets_rows_and_attention_are_its_records(tmp_path):
+    """The record's train_gpt.py: `max_device_batch_size = 64*1024` tokens a GPU as one row
+    (`inputs.ndim == 1`), rank r's the r-th of the step's 8 slices of the shard
+    (`DistributedDataLoader.next_batch`); attention within documents (`document_causal`) over
+    128-token blocks growing 128 -> 1,792 (`get_sliding_window_blocks`). The loader gives those
+    rows; the model takes one (a forward and loss on the meta device: shapes, no memory)."""
+    import numpy as np
+    import torch
+
+    from lmpipe.data.loader import DataShare, ShardLoader
+    from lmpipe.data.shards import write_shard
+    from lmpipe.models import architecture
+
+    rc = lmconfig.run_config(schema.load_config(CONFIG), "speedrun-124m")
+    t, m = rc.train, rc.model
+    assert (t.seq_len, t.micro_batch, rc.launch.procs_per_node) == (65536, 1, 8)
+    assert t.batch_tokens == 8 * 65536 and m.block_size >= 65536
+    assert (m.document_mask, m.attention_window, m.attention_window_final) == (True, 128, 1792)
+    assert rc.eval["val_loss"].batch * m.block_size == 65536  # the val rows: one a forward
+    tokens = np.arange(2 * t.batch_tokens + 1) % 50257
+    write_shard(tmp_path / "train.bin", tokens.astype(np.uint16))
+    for rank in (0, 5):
+        loader = ShardLoader([tmp_path / "train.bin"], 1, 65536, t.batch_tokens, DataShare(rank, 8))
+        for step in range(2):
+            x, y = loader.next_batch()
+            start = step * t.batch_tokens + rank * 65536
+            assert (
+                x.shape == (1, 65536)
+                and x[0, 0] == tokens[start]
+                and y[0, -1] == tokens[start + 65536]
+            )
+    with torch.device("meta"):
+        model = architecture(m.arch).Model(m)
+        idx = torch.zeros(1, 65536, dtype=torch.long)
+        assert model(idx, idx)[1].shape == ()

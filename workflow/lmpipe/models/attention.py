@@ -1,5 +1,7 @@
 """Self-attention's one switch, shared by the architectures: causal, or under a given mask, with
-the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel)."""
+the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel); or, under a
+FlexAttention BlockMask (a modern model's document mask and sliding window on CUDA), torch's
+flex_attention, compiled as modded-nanogpt's records run it."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # train.attention_backend -> the kernels SDPA may pick from (None: its own choice)
 BACKENDS: dict[str, SDPBackend | None] = {
@@ -19,6 +22,8 @@ BACKENDS: dict[str, SDPBackend | None] = {
 }
 CPU_BACKENDS = ("auto", "flash", "math")  # PyTorch's CPU has a flash kernel and math only
 _chosen: SDPBackend | None = None
+FLEX_OFF_CUDA = False  # tests set it: FlexAttention's masks on the CPU too, eager (flex_on)
+_compiled_flex = None
 
 
 def backend_problem(name: str, device: torch.device) -> str | None:
@@ -37,12 +42,39 @@ def use_backend(name: str) -> None:
     _chosen = BACKENDS[name]
 
 
+def flex_on(device: torch.device) -> bool:
+    """Whether a model's own mask (document mask, sliding window) runs as FlexAttention on
+    `device`: on CUDA, where its fused kernel skips the masked blocks; elsewhere SDPA under the
+    boolean mask, the definition (FLEX_OFF_CUDA: FlexAttention eager there too, for tests)."""
+    return device.type == "cuda" or FLEX_OFF_CUDA
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> torch.Tensor:
+    """flex_attention under `mask`, compiled on CUDA (as modded-nanogpt's records, whose model is
+    torch.compile'd: unfused, eager flex_attention materialises the scores), eager elsewhere.
+    q, k, v in one dtype: autocast's when on (SDPA casts so itself), else their common one."""
+    global _compiled_flex
+    kind = q.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    if kind != "cuda":
+        return flex_attention(q, k, v, block_mask=mask)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex(q, k, v, block_mask=mask)
+
+
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | BlockMask | None
 ) -> torch.Tensor:
     """Attention of (B, nh, T, hs) queries, keys and values: causal without a mask (training,
     generation); with one, (B, 1, T, T) bool, True where a query may attend, under it (packed
-    scoring rows: lmpipe.eval.packing)."""
+    scoring rows: lmpipe.eval.packing); with a BlockMask, FlexAttention under it (flex)."""
+    if isinstance(mask, BlockMask):
+        return flex(q, k, v, mask)
     kernel = sdpa_kernel(_chosen) if _chosen is not None else contextlib.nullcontext()
     with kernel:
         if mask is None:
