@@ -2,8 +2,9 @@
 
 Each recipe is a run of config/config.yaml (default `embedded-a4`, GPT-2 + AdamW, and
 `embedded-speedrun`, modded-nanogpt's record recipe scaled down: the same model size, data,
-tokens a step and steps; `--runs embedded-a embedded-modern` for the 3-block modern + Muon pair), trained for real by the trainer (`python -m lmpipe.train`, torchrun, the
-run's own ranks) once a seed, with validation every `--val-every` steps (its other in-training
+tokens a step and steps; `--runs embedded-a embedded-modern` for the 3-block modern + Muon
+pair), trained for real by the trainer (`python -m lmpipe.train`, torchrun, the run's own ranks)
+once a seed, with validation every `--val-every` steps (its other in-training
 evaluations off: they cost time and change nothing of the trajectory). Printed side by side:
 
 - the final val loss of each recipe (median, min-max over seeds);
