@@ -433,3 +433,38 @@ def test_the_speedrun_presets_rows_and_attention_are_its_records(tmp_path):
         model = architecture(m.arch).Model(m)
         idx = torch.zeros(1, 65536, dtype=torch.long)
         assert model(idx, idx)[1].shape == ()
+
+
+def test_embedded_speedrun_is_speedrun_124m_scaled_down():
+    """The recipes benchmark's record recipe is speedrun-124m's: the same optimizer and model
+    settings, but for the ones scaled to its steps (momentum warmup, cooldown: the same fractions)
+    and depth (value-embedding tables, the block without attention); and its GPT-2 baseline sees
+    the same data, tokens a step and steps, at the same size."""
+    config = schema.load_config(CONFIG)
+    small = json.loads(lmconfig.train_params(config, "embedded-speedrun"))
+    large = json.loads(lmconfig.train_params(config, "speedrun-124m"))
+    base = json.loads(lmconfig.train_params(config, "embedded-a4"))
+    s, big = small["train"], large["train"]
+    scaled = {"momentum_warmup_steps"}
+    assert {k: v for k, v in s["optimizer"].items() if k not in scaled} == {
+        k: v for k, v in big["optimizer"].items() if k not in scaled
+    }
+    steps = s["max_steps"] / big["max_steps"]
+    warmup = big["optimizer"]["momentum_warmup_steps"]
+    assert s["optimizer"]["momentum_warmup_steps"] == round(warmup * steps)
+    assert s["schedule"]["cooldown_steps"] == round(big["schedule"]["cooldown_steps"] * steps)
+    assert s["schedule"]["warmup_steps"] == big["schedule"]["warmup_steps"]
+    assert s["grad_clip"] == big["grad_clip"]
+    shape = {"n_layer", "n_head", "n_embd", "block_size", "no_attention", "value_embeddings"}
+    m, bigm = small["model"], large["model"]
+    assert {k: v for k, v in m.items() if k not in shape} == {
+        k: v for k, v in bigm.items() if k not in shape
+    }
+    depth = m["n_layer"] / bigm["n_layer"]
+    assert m["value_embeddings"] == round(bigm["value_embeddings"] * depth)
+    assert m["no_attention"] == [round(i * depth) for i in bigm["no_attention"]]
+    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+        assert base["model"][key] == m[key]
+    for key in ("seq_len", "micro_batch", "batch_tokens", "max_steps", "val_tokens"):
+        assert base["train"][key] == s[key]
+    assert base["dataset"] == small["dataset"] and base["launch"] == small["launch"]
