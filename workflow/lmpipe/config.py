@@ -696,15 +696,20 @@ def hf_tokenizer_folder(config: dict[str, Any], model: str) -> str:
     return str(hf_folder.resolve(m["path"], m.get("revision")))
 
 
+def hub_model_in(config: dict[str, Any], folder: str) -> str | None:
+    """The hub model of `models:` that the download stage fetches into `folder`, if any."""
+    hub = (m for m in hub_models(config) if layout(config).hub_model_dir(m) == folder)
+    return next(hub, None)
+
+
 def tokenizer_key(config: dict[str, Any], folder: str) -> str:
     """What a tokenizer's outputs depend on, for rule params: a hub model's id and pinned
     revision (not downloaded yet when the DAG is planned), else its files' sha256."""
     from lmpipe import hf_folder
 
-    for name in hub_models(config):
-        if layout(config).hub_model_dir(name) == folder:
-            m = config["models"][name]
-            return f"{m['path']}@{m.get('revision') or 'main'}"
+    if (name := hub_model_in(config, folder)) is not None:
+        m = config["models"][name]
+        return f"{m['path']}@{m.get('revision') or 'main'}"
     return hf_folder.tokenizer_identity(folder)
 
 
@@ -766,11 +771,9 @@ def tokenize_params(config: dict[str, Any], dataset: str) -> str:
     return canonical_json(d | {"dataset": dataset})
 
 
-def hf_text_tokens(config: dict[str, Any]) -> list[tuple[str, str]]:
-    """(dataset, model) of each text dataset an `arch: hf` model's runs read in its own tokens."""
-    return sorted(
-        {(text_dataset(config, r), m) for r in config["runs"] if (m := tokens_of(config, r))}
-    )
+def tokenizing_models(config: dict[str, Any]) -> list[str]:
+    """The `arch: hf` models whose runs read text in the model's own tokens (tokens_of)."""
+    return sorted({m for r in config["runs"] if (m := tokens_of(config, r))})
 
 
 def conversations_params(config: dict[str, Any], dataset: str) -> str:

@@ -88,9 +88,8 @@ MIXTURES = [d for d in config["datasets"] if lmconfig.is_mixture(config, d)]
 TOKENIZED = [d for d in config["datasets"] if d not in MIXTURES]
 
 
-# (dataset, model): a text dataset an `arch: hf` model's runs read in the model's own tokens
-HF_TEXT_TOKENS = lmconfig.hf_text_tokens(config)
-HF_TOKENIZING_MODELS = sorted({m for _, m in HF_TEXT_TOKENS})
+# the `arch: hf` models whose runs read text in the model's own tokens (tokenize_for_model)
+HF_TOKENIZING_MODELS = lmconfig.tokenizing_models(config)
 
 
 def get_hub_model_input(model):
@@ -121,7 +120,7 @@ def get_conversations_source(wildcards):
     d = config["datasets"][wildcards.dataset]
     inputs = {"source": d["path"]} if d["source"] == "local" else {}
     folder = lmconfig.conversations_tokenizer(config, wildcards.dataset)
-    hub = [m for m in lmconfig.hub_models(config) if LAYOUT.hub_model_dir(m) == folder]
+    hub = lmconfig.hub_model_in(config, folder) is not None
     return inputs | ({"model": folder} if hub else {})
 
 
