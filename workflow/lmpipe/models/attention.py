@@ -1,9 +1,12 @@
 """Self-attention's one switch, shared by the architectures: causal, or under a given mask, with
-the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel)."""
+the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel); and which
+kernel SDPA then ran, read off torch.profiler (`kernel_that_runs`)."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,10 @@ BACKENDS: dict[str, SDPBackend | None] = {
     "math": SDPBackend.MATH,
 }
 CPU_BACKENDS = ("auto", "flash", "math")  # PyTorch's CPU has a flash kernel and math only
+# the aten ops of SDPA's kernels share this prefix: _scaled_dot_product_flash_attention (and
+# _for_cpu), _efficient_attention, _cudnn_attention, _attention_math; the op SDPA dispatches to
+# (aten::scaled_dot_product_attention) does not have it
+KERNEL_OP = "aten::_scaled_dot_product_"
 _chosen: SDPBackend | None = None
 
 
@@ -48,3 +55,22 @@ def attend(
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def kernel_ops(events: Iterable[Any]) -> list[str]:
+    """The SDPA kernels' forward aten ops among torch.profiler events (`prof.events()`), e.g.
+    aten::_scaled_dot_product_flash_attention; sorted, each once."""
+    return sorted(
+        {e.name for e in events if e.name.startswith(KERNEL_OP) and "backward" not in e.name}
+    )
+
+
+def kernel_that_runs(forward: Callable[[], Any]) -> str:
+    """The SDPA kernel that one call of `forward` runs attention on, as torch.profiler names its
+    aten op (several joined by ", "; "none" where no attention went through SDPA): what ran,
+    where train.attention_backend is what was asked."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward()
+    return ", ".join(kernel_ops(prof.events())) or "none"
