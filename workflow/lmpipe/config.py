@@ -230,13 +230,13 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "ma
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile's modes with CUDA graphs
 
 
-def compile_problem(train: Any, device: str) -> str | None:
-    """Why train.compile_mode cannot run on `device` (None: it can), in one line: CUDA graphs
-    are the GPU's."""
-    if train.compile_mode in CUDA_GRAPH_MODES and device != "cuda":
+def compile_problem(mode: str, device: str) -> str | None:
+    """Why train.compile_mode `mode` cannot run on `device` (None: it can), in one line: CUDA
+    graphs are the GPU's."""
+    if mode in CUDA_GRAPH_MODES and device != "cuda":
         return (
-            f"train.compile_mode {train.compile_mode!r} captures CUDA graphs: launch.device cuda"
-            f" only (here {device}); default or max-autotune-no-cudagraphs run anywhere"
+            f"train.compile_mode {mode!r} captures CUDA graphs: launch.device cuda only (here"
+            f" {device}); default or max-autotune-no-cudagraphs run anywhere"
         )
     return None
 

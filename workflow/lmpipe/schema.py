@@ -376,7 +376,7 @@ def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
                 f"{where}.train.{key} is {getattr(t, key)!r} but train.compile is false: set"
                 " compile: true, or leave the key out"
             )
-    problem = compile_problem(t, rc.launch.device)
+    problem = compile_problem(t.compile_mode, rc.launch.device)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
     if fine_tuning and t.compile_mode in CUDA_GRAPH_MODES:

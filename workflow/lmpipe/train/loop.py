@@ -190,7 +190,7 @@ def check_attention(job: TrainJob) -> None:
 def check_compile(job: TrainJob) -> None:
     """train.compile_mode refused in one line where it cannot run (CUDA graphs off CUDA),
     before the model is built."""
-    problem = compile_problem(job.train, job.launch.device)
+    problem = compile_problem(job.train.compile_mode, job.launch.device)
     if problem is not None:
         raise RuntimeError(f"runs.{job.run}: {problem}")
 
