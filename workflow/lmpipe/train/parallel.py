@@ -182,22 +182,8 @@ def parallelize(
     shard blocks and root over the data-parallel mesh (`Dist.mesh`; None: a 1-D one over every
     rank, as init_distributed makes), in torchtitan's order (pytorch/torchtitan,
     torchtitan/models/llama3/infra/parallelize.py: apply_ac, then apply_compile, a
-    `torch.compile` per TransformerBlock "after AC wrapping and before FSDP", then apply_fsdp).
-
-    `compile_scope` (train.compile_scope), under `compile`:
-    - `regions`: each block, and the model's stem (`embed`) and tail (`head_loss`: final norm,
-      LM head and loss as one function, where torchtitan compiles its loss alone:
-      torchtitan/components/loss.py, build_cross_entropy_loss) each compiled as a region of
-      its own, so that nothing but the FSDP hooks between them runs eagerly;
-    - `blocks`: each block only (the loss compiled alone: training_model);
-    - `model`: the whole model as one graph, compiled after sharding as torchtitan's
-      apply_compile suggests ("Alternatively one can compile the whole model (after applying
-      DP)"). FSDP2's hooks are never traced (torch._dynamo.disable), and a hook between
-      blocks in the loop over them would make Dynamo run that loop eagerly, so the model is
-      one FSDP unit (the root only): its parameters are gathered whole for the step, without
-      the per-block overlap or `prefetch_blocks`.
-    `compile_mode` is torch.compile's `mode` for every compiled part (CUDA graphs:
-    reduce-overhead).
+    `torch.compile` per TransformerBlock "after AC wrapping and before FSDP", then apply_fsdp);
+    then the rest of what `compile_scope` compiles (compile_after_sharding).
 
     `Module.compile()` and compiled bound methods keep parameter names unprefixed (no
     `_orig_mod.`), so state dicts and checkpoints read the same with or without compile. With
@@ -208,34 +194,54 @@ def parallelize(
     fsdp = fsdp or FSDPConfig()
     mesh = mesh if mesh is not None else dp_mesh(device.type)
     mp = mixed_precision(device.type, dtype, fsdp.reduce_dtype)
-    whole = compile and compile_scope == "model"
-    blocks = model.blocks()
-    recompute_blocks(blocks, activation_checkpointing)
-    compiled: list[str] = []
-    if not whole:
-        for block in blocks:
-            if compile:
-                block.compile(mode=compile_mode)
-            fully_shard(
-                block, mesh=mesh, mp_policy=mp, reshard_after_forward=fsdp.reshard_after_forward
-            )
-        compiled += ["blocks"] if compile else []
+    whole = compile and compile_scope == "model"  # one FSDP unit: the root (below)
+    blocks = [] if whole else model.blocks()
+    recompute_blocks(model.blocks(), activation_checkpointing)
+    for block in blocks:
+        if compile:
+            block.compile(mode=compile_mode)
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp, reshard_after_forward=fsdp.reshard_after_forward
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp)  # moves the parameters to `device`
-    if whole:
-        model.compile(mode=compile_mode)
-        compiled.append("model")
-    elif compile and compile_scope == "regions":
-        for name in REGIONS:
-            if hasattr(model, name):
-                setattr(model, name, torch.compile(getattr(model, name), mode=compile_mode))
-                compiled.append(name)
+    model.compiled = compile_after_sharding(model, compile, compile_scope, compile_mode)
     k = fsdp.prefetch_blocks
-    if k > 0 and not whole:
+    if k > 0:
         for i, block in enumerate(blocks):
             block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + k])
             block.set_modules_to_backward_prefetch(blocks[max(0, i - k) : i][::-1])
-    model.compiled = tuple(compiled)
     return model
+
+
+def compile_after_sharding(
+    model: torch.nn.Module, compile: bool, scope: str, mode: str
+) -> tuple[str, ...]:
+    """What train.compile_scope compiles besides the blocks (compiled before sharding), with
+    torch.compile's `mode` (train.compile_mode; CUDA graphs: reduce-overhead); what is compiled:
+
+    - `regions`: each block, and the model's stem (`embed`) and tail (`head_loss`: final norm,
+      LM head and loss as one function, where torchtitan compiles its loss alone:
+      torchtitan/components/loss.py, build_cross_entropy_loss), each a compiled region of its
+      own, so that nothing but the FSDP hooks between them runs eagerly;
+    - `blocks`: each block only (the loss compiled alone: training_model);
+    - `model`: the whole model as one graph, compiled after sharding as torchtitan's
+      apply_compile suggests ("Alternatively one can compile the whole model (after applying
+      DP)"). FSDP2's hooks are never traced (torch._dynamo.disable), and a hook between blocks
+      in the loop over them would make Dynamo run that loop eagerly, so the model is one FSDP
+      unit (parallelize shards the root only): its parameters are gathered whole for the step,
+      without the per-block overlap or `prefetch_blocks`.
+    """
+    if not compile:
+        return ()
+    if scope == "model":
+        model.compile(mode=mode)
+        return ("model",)
+    compiled = ["blocks"]
+    for name in REGIONS if scope == "regions" else ():
+        if hasattr(model, name):
+            setattr(model, name, torch.compile(getattr(model, name), mode=mode))
+            compiled.append(name)
+    return tuple(compiled)
 
 
 def local_numel(model: torch.nn.Module) -> int:
