@@ -258,15 +258,18 @@ def write_provenance(
     digest: str,
     peak: float,
     out: Path,
-    kernel: str = "",
+    seq_len: int,
 ) -> None:
-    """provenance.json: code, packages, hosts and how the parameters are spread over the ranks."""
+    """provenance.json: code, packages, hosts, how the parameters are spread over the ranks, and
+    the attention kernel that runs (a profiled forward, after the parameters are counted: FSDP
+    leaves the root's gathered after a forward until the next backward)."""
     hosts, held = [None] * d.world_size, [None] * d.world_size
     dist.all_gather_object(hosts, socket.gethostname())
     # each rank's SLURM node name (None outside SLURM): test slurmds on one machine share a host
     slurm_nodes = [None] * d.world_size
     dist.all_gather_object(slurm_nodes, os.environ.get("SLURMD_NODENAME"))
     dist.all_gather_object(held, local_numel(model))  # parameter elements each rank holds
+    kernel = attention_kernel(model, seq_len, d.device)
     if d.is_main:
         prov = (
             provenance.collect()
@@ -382,8 +385,7 @@ class Trainer:
         self.metrics = Metrics(self.out, self.progress.step, d.is_main, w)
         self.attempt.start(self.progress.step, resume, d.world_size, self.digest, fresh_start)
         self.set_progress()  # (a modern model's attention window: the step's)
-        kernel = attention_kernel(self.model, tc.seq_len, d.device)
-        write_provenance(self.job, self.model, d, self.digest, self.peak, self.out, kernel)
+        write_provenance(self.job, self.model, d, self.digest, self.peak, self.out, tc.seq_len)
         if d.is_main:
             log.info(
                 "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step;"
