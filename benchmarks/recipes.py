@@ -1,8 +1,10 @@
-"""Two training recipes on the embedded data, over seeds: GPT-2 + AdamW against modern + Muon.
+"""Two training recipes on the embedded data, over seeds: GPT-2 + AdamW against the speedrun's.
 
-Each recipe is a run of config/config.yaml (default `embedded-a` and `embedded-modern`: the same
-data, tokens and batch), trained for real by the trainer (`python -m lmpipe.train`, torchrun, the
-run's own ranks) once a seed, with validation every `--val-every` steps (its other in-training
+Each recipe is a run of config/config.yaml (default `embedded-a4`, GPT-2 + AdamW, and
+`embedded-speedrun`, modded-nanogpt's record recipe scaled down: the same model size, data,
+tokens a step and steps; `--runs embedded-a embedded-modern` for the 3-block modern + Muon
+pair), trained for real by the trainer (`python -m lmpipe.train`, torchrun, the run's own ranks)
+once a seed, with validation every `--val-every` steps (its other in-training
 evaluations off: they cost time and change nothing of the trajectory). Printed side by side:
 
 - the final val loss of each recipe (median, min-max over seeds);
@@ -14,8 +16,8 @@ With `--ablate`, the second recipe again with one of its choices undone at a tim
 or optimizer setting: the architecture's switches, AdamW instead of Muon), one seed each unless
 `--ablate-seeds` says more.
 
-    python benchmarks/recipes.py [--runs embedded-a embedded-modern] [--seeds 1337 1338 1339]
-                                 [--val-every 2] [--ablate] [--out build/recipes]
+    python benchmarks/recipes.py [--runs embedded-a4 embedded-speedrun] [--seeds 1337 1338 1339]
+                                 [--val-every 4] [--ablate] [--out build/recipes]
 """
 
 from __future__ import annotations
@@ -118,10 +120,10 @@ def spread(values: list[float], fmt: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", nargs=2, default=["embedded-a", "embedded-modern"],
+    parser.add_argument("--runs", nargs=2, default=["embedded-a4", "embedded-speedrun"],
                         metavar=("BASELINE", "OTHER"))  # fmt: skip
     parser.add_argument("--seeds", nargs="+", type=int, default=[1337, 1338, 1339])
-    parser.add_argument("--val-every", type=int, default=2)
+    parser.add_argument("--val-every", type=int, default=4)
     parser.add_argument("--ablate", action="store_true", help="also the ablations of OTHER")
     parser.add_argument("--ablate-seeds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=REPO / "build" / "recipes")

@@ -59,6 +59,25 @@ def test_the_kernel_that_runs_is_read_off_the_profiler(qkv):
     assert attention.kernel_that_runs(lambda: torch.ones(3) @ torch.ones(3)) == "none"
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # flex_attention unfused on the CPU
+def test_flex_attention_is_named_where_a_models_mask_runs_as_flex(monkeypatch):
+    """A modern model with the record's document mask runs FlexAttention where flex_on (CUDA;
+    here forced, eager): the kernel is named flex_attention, not SDPA's; off it, SDPA's."""
+    import torch.nn.attention.flex_attention as torch_flex
+
+    from lmpipe.config import model_config
+    from lmpipe.models import build_model
+
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)  # flex on the CPU
+    shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=256, vocab_size=512)
+    model = build_model(model_config(dict(arch="modern", document_mask=True, **shape), "test"))
+    idx = torch.randint(0, 512, (1, 256))
+    with torch.no_grad():
+        assert attention.kernel_that_runs(lambda: model(idx)) == CPU_KERNELS["auto"]
+        monkeypatch.setattr(attention, "FLEX_OFF_CUDA", True)
+        assert attention.kernel_that_runs(lambda: model(idx)) == attention.FLEX_KERNEL
+
+
 def test_the_trainers_provenance_records_the_kernel_that_ran(manifest, tmp_path):  # noqa: F811
     """math and flash asked: provenance.json holds each setting and, apart, the kernel its
     profiled forward ran, which differ (the setting alone would not say what ran)."""

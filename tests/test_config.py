@@ -420,3 +420,78 @@ def test_the_speedrun_presets_optimizer_is_its_records():
     assert (m.rope_frequencies, tuple(m.no_attention)) == ("half_truncated", (7,))
     assert (m.qkv, m.unet_skips, o.scalar_lr) == ("separate", True, 0.04)  # its skip_weights
     assert (m.value_embeddings, m.embedding_mix) == (3, True)  # ValueEmbedding, Block.lambdas
+
+
+def test_the_speedrun_presets_rows_and_attention_are_its_records(tmp_path):
+    """The record's train_gpt.py: `max_device_batch_size = 64*1024` tokens a GPU as one row
+    (`inputs.ndim == 1`), rank r's the r-th of the step's 8 slices of the shard
+    (`DistributedDataLoader.next_batch`); attention within documents (`document_causal`) over
+    128-token blocks growing 128 -> 1,792 (`get_sliding_window_blocks`). The loader gives those
+    rows; the model takes one (a forward and loss on the meta device: shapes, no memory)."""
+    import numpy as np
+    import torch
+
+    from lmpipe.data.loader import DataShare, ShardLoader
+    from lmpipe.data.shards import write_shard
+    from lmpipe.models import architecture
+
+    rc = lmconfig.run_config(schema.load_config(CONFIG), "speedrun-124m")
+    t, m = rc.train, rc.model
+    assert (t.seq_len, t.micro_batch, rc.launch.procs_per_node) == (65536, 1, 8)
+    assert t.batch_tokens == 8 * 65536 and m.block_size >= 65536
+    assert (m.document_mask, m.attention_window, m.attention_window_final) == (True, 128, 1792)
+    assert rc.eval["val_loss"].batch * m.block_size == 65536  # the val rows: one a forward
+    tokens = np.arange(2 * t.batch_tokens + 1) % 50257
+    write_shard(tmp_path / "train.bin", tokens.astype(np.uint16))
+    for rank in (0, 5):
+        loader = ShardLoader([tmp_path / "train.bin"], 1, 65536, t.batch_tokens, DataShare(rank, 8))
+        for step in range(2):
+            x, y = loader.next_batch()
+            start = step * t.batch_tokens + rank * 65536
+            assert (
+                x.shape == (1, 65536)
+                and x[0, 0] == tokens[start]
+                and y[0, -1] == tokens[start + 65536]
+            )
+    with torch.device("meta"):
+        model = architecture(m.arch).Model(m)
+        idx = torch.zeros(1, 65536, dtype=torch.long)
+        assert model(idx, idx)[1].shape == ()
+
+
+def test_embedded_speedrun_is_speedrun_124m_scaled_down():
+    """The recipes benchmark's record recipe is speedrun-124m's: the same optimizer and model
+    settings, but for the ones scaled to its steps (momentum warmup, cooldown: the same fractions)
+    and depth (value-embedding tables, the block without attention); and its GPT-2 baseline sees
+    the same data, tokens a step and steps, at the same size."""
+    config = schema.load_config(CONFIG)
+    small = json.loads(lmconfig.train_params(config, "embedded-speedrun"))
+    large = json.loads(lmconfig.train_params(config, "speedrun-124m"))
+    base = json.loads(lmconfig.train_params(config, "embedded-a4"))
+    s, big = small["train"], large["train"]
+    scaled = {"momentum_warmup_steps"}
+    assert {k: v for k, v in s["optimizer"].items() if k not in scaled} == {
+        k: v for k, v in big["optimizer"].items() if k not in scaled
+    }
+    steps = s["max_steps"] / big["max_steps"]
+    warmup = big["optimizer"]["momentum_warmup_steps"]
+    assert s["optimizer"]["momentum_warmup_steps"] == round(warmup * steps)
+    assert s["schedule"]["cooldown_steps"] == round(big["schedule"]["cooldown_steps"] * steps)
+    assert s["schedule"]["warmup_steps"] == big["schedule"]["warmup_steps"]
+    assert s["grad_clip"] == big["grad_clip"]
+    shape = {"n_layer", "n_head", "n_embd", "block_size", "no_attention", "value_embeddings"}
+    # the record's 65,536-token rows' attention: its window (128 and up) covers a whole 128-token
+    # row, and the small recipe trains causal rows (the benchmark was measured so)
+    shape |= {"document_mask", "attention_window", "attention_window_final"}
+    m, bigm = small["model"], large["model"]
+    assert {k: v for k, v in m.items() if k not in shape} == {
+        k: v for k, v in bigm.items() if k not in shape
+    }
+    depth = m["n_layer"] / bigm["n_layer"]
+    assert m["value_embeddings"] == round(bigm["value_embeddings"] * depth)
+    assert m["no_attention"] == [round(i * depth) for i in bigm["no_attention"]]
+    for key in ("n_layer", "n_head", "n_embd", "block_size"):
+        assert base["model"][key] == m[key]
+    for key in ("seq_len", "micro_batch", "batch_tokens", "max_steps", "val_tokens"):
+        assert base["train"][key] == s[key]
+    assert base["dataset"] == small["dataset"] and base["launch"] == small["launch"]

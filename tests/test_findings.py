@@ -120,6 +120,14 @@ def test_a_mixture_is_compared_on_each_val_shard_both_runs_were_scored_on():
     other.evals["val_loss"]["dataset"] = "code"
     (line,) = findings([other, mix])
     assert "measured on different val data (mix and code): no paired interval." in line
+    # the same text in a model's own tokens is other data than in GPT-2's: no pairing
+    llama = run("l", 5.0, noisy(5.0, seed=4))
+    llama.evals["val_loss"] |= {"dataset": "embedded", "tokens_of": "llama"}
+    (line,) = findings([base, llama])
+    assert line.endswith(
+        "measured on different val data (embedded in llama's tokens and embedded): no paired"
+        " interval."
+    )
     # two runs of one mixture: a line for each source
     mix2 = with_sources(run("m2"), "mix", {"embedded": noisy(8.0, seed=2), "books": noisy(6.0)})
     lines = findings([mix, mix2])

@@ -343,9 +343,14 @@ def test_a_llama_base_of_a_gpt2_run_is_refused_before_any_job(hf_dirs, tmp_path)
 
     config = chat_config(REPO, hf_dirs["llama"])
     validate(config)  # as a model.arch hf run: fine
-    pretrain = copy.deepcopy(config)
+    pretrain = copy.deepcopy(config)  # continued pretraining, on text in its own tokens
     pretrain["runs"]["embedded-a"]["model"] = "mine"
-    with pytest.raises(ConfigError, match="runs.embedded-a: model 'mine' .* can only be fine"):
+    for section in ("hellaswag", "suite"):
+        pretrain["runs"]["embedded-a"]["eval"][section]["during_training"] = {"every": 0}
+    validate(pretrain)
+    pretrain["datasets"]["mixed"] = {"mixture": {"embedded": 0.5, "shakespeare": 0.5}}
+    pretrain["runs"]["embedded-a"]["dataset"] = "mixed"
+    with pytest.raises(ConfigError, match="runs.embedded-a: model 'mine' .* is a mixture"):
         validate(pretrain)
     during = copy.deepcopy(config)
     during["runs"]["embedded-a-chat"].setdefault("eval", {})["hellaswag"] = {
@@ -401,6 +406,70 @@ def test_conversations_rerun_for_another_base_or_tokenizer_only(hf_dirs, tmp_pat
     settings["model_max_length"] = 64  # the same folder, its tokenizer changed
     (base / "tokenizer_config.json").write_text(json.dumps(settings))
     assert prepares(config)
+
+
+@pytest.mark.slow  # ~1.5 min: tokenize, 4 steps on 2 ranks, export, val loss, dry runs
+def test_a_llama_continues_pretraining_on_text_in_its_own_tokens(hf_dirs, tmp_path):
+    """A pretraining run of an `arch: hf` Llama (continued pretraining) through Snakemake: the
+    embedded text is tokenized with the Llama's own tokenizer into tokens-mine/ (each document
+    its </s> and AutoTokenizer's ids), trained on and scored on (GPT-2's ids would not fit its
+    2,048-row embedding); a changed tokenizer retokenizes, a changed lr does not."""
+    import copy
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from conftest import make_workdir, planned, snakemake
+    from lmpipe.data.shards import read_manifest, read_shard
+    from lmpipe.data.tokenize import raw_files, read_documents
+
+    base = tmp_path / "base"
+    shutil.copytree(hf_dirs["llama"], base)
+    workdir = make_workdir(tmp_path / "wd")
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    config["models"]["mine"] = {"arch": "hf", "path": str(base)}
+    run = copy.deepcopy(config["runs"]["embedded-a"])
+    run["model"] = "mine"
+    run["train"] |= {"max_steps": 4, "val_every": 2, "checkpoint_every": 2, "val_tokens": 4096}
+    run["eval"] = {
+        "val_loss": {"tokens": 8192},
+        "hellaswag": {"file": "embedded", "during_training": {"every": 0}},
+        "suite": {"during_training": {"every": 0}},
+    }
+    config["runs"]["llama-cpt"] = run
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    target = "results/runs/llama-cpt/eval/val_loss.json"
+    snakemake(workdir, "--cores", "2", target)
+
+    tokens = workdir / "results/data/embedded/tokens-mine"
+    manifest = json.loads((tokens / "manifest.json").read_text())
+    tok = AutoTokenizer.from_pretrained(base)
+    assert manifest["tokens_of"] == "mine" and manifest["eot"] == tok.eos_token_id
+    assert not (workdir / "results/data/embedded/tokens").exists()  # GPT-2's: not asked for
+    raw = workdir / "results/data/embedded/raw/manifest.json"
+    first = next(read_documents(raw_files(raw)[0][0], "text"))[0]
+    ids = tok.encode(first, add_special_tokens=False)
+    shard = read_shard(read_manifest(tokens / "manifest.json").files("val")[0])
+    assert shard[0] == tok.eos_token_id and list(shard[1 : 1 + len(ids)]) == ids
+    result = json.loads((workdir / target).read_text())
+    assert result["tokens_of"] == "mine" and result["tokens"] == 8192
+    assert 0 < result["value"] < np.log(2048) + 1  # a loss over the Llama's own 2,048 ids
+    steps = [json.loads(x) for x in (workdir / "results/runs/llama-cpt/train/metrics.jsonl")
+             .read_text().splitlines()]  # fmt: skip
+    assert [r["step"] for r in steps if "loss" in r][-1] == 4
+
+    def tokenizes(changed: dict) -> bool:
+        jobs = planned(workdir, changed, [target])
+        return ("tokenize_for_model", "dataset=embedded, model=mine") in jobs
+
+    assert not tokenizes(config)
+    lr = copy.deepcopy(config)
+    lr["runs"]["llama-cpt"]["train"]["optimizer"]["lr"] *= 2
+    assert not tokenizes(lr)
+    settings = json.loads((base / "tokenizer_config.json").read_text())
+    settings["model_max_length"] = 64  # the same folder, its tokenizer changed
+    (base / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert tokenizes(config)
 
 
 def test_a_hub_id_is_read_from_the_local_cache_only(hf_dirs, tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval import hellaswag
 from lmpipe.eval.suite import native
 from lmpipe.models import build_model, load_hf
+from lmpipe.models.modern import model as model_module
 from lmpipe.models.modern import write_hf
 from lmpipe.models.modern.model import (
     ModernGPT,
@@ -266,6 +267,57 @@ def test_flex_attention_under_the_records_mask_mod_equals_the_sdpa_mask():
     flex = flex_attention(q, k, v, block_mask=block_mask)
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=document_window_mask(idx, True, 256))
     torch.testing.assert_close(flex, sdpa, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # flex_attention unfused on the CPU
+@pytest.mark.parametrize("document, window", [(True, 256), (True, None), (False, 128)])
+def test_the_flex_attention_path_equals_the_sdpa_mask_path(monkeypatch, document, window):
+    """The FlexAttention path (CUDA's; here eager, attention.FLEX_OFF_CUDA): a forward and
+    backward of a tiny modern model with document_mask and a window, through
+    document_window_block_mask and flex_attention, gives the logits, loss and every gradient of
+    the SDPA-mask path (document_window_mask, the definition), to float tolerance; the model
+    really took each path (the mask handed to attend). torch 2.13 refuses FlexAttention's
+    backward on the CPU by a device check alone (_validate_device): lifted here, the eager
+    higher-order op runs its dense math backward, the reference of its CUDA kernels."""
+    import torch.nn.attention.flex_attention as torch_flex
+
+    from lmpipe.models import attention
+
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *tensors: None)
+
+    gen = torch.Generator().manual_seed(10)
+    idx = torch.randint(0, 50000, (2, 512), generator=gen)
+    idx[0, [0, 70, 200, 201, 390]] = 50256
+    idx[1, [0, 300]] = 50256
+    targets = torch.randint(0, 50000, (2, 512), generator=gen)
+    config = modern_config(
+        **SHAPE | {"block_size": 512}, document_mask=document, attention_window=window
+    )
+    torch.manual_seed(0)
+    base = randomise(build_model(config), std=0.1)
+    masks, results = [], {}
+    real_attend = model_module.attend
+
+    def recording(q, k, v, mask):
+        masks.append(type(mask).__name__)
+        return real_attend(q, k, v, mask)
+
+    monkeypatch.setattr(model_module, "attend", recording)
+    for flex in (False, True):
+        monkeypatch.setattr(attention, "FLEX_OFF_CUDA", flex)
+        model = copy.deepcopy(base)
+        logits = model(idx)[0]
+        loss = model(idx, targets)[1]
+        loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        results[flex] = (logits, loss, grads)
+    assert masks == ["Tensor"] * 4 + ["BlockMask"] * 4  # 2 attention blocks x 2 forwards each
+    (logits, loss, grads), (flex_logits, flex_loss, flex_grads) = results[False], results[True]
+    torch.testing.assert_close(flex_logits, logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(flex_loss, loss, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == flex_grads.keys() and "transformer.h.0.attn.c_attn.weight" in grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(flex_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_the_window_grows_as_the_records_schedule():

@@ -689,6 +689,62 @@ def text_dataset(config: dict[str, Any], run: str) -> str:
     return config["runs"][base["run"]]["dataset"] if base.get("run") else base["dataset"]
 
 
+GPT2_VOCAB = 50257  # GPT-2's BPE: an `arch: hf` model of this vocabulary reads its tokens
+
+
+def tokens_of(config: dict[str, Any], run: str) -> str | None:
+    """The `models:` entry whose own tokenizer a run's text is tokenized with: an `arch: hf`
+    model's, unless its vocabulary is GPT-2's 50,257 (the GPT-2 family's BPE: it reads the text's
+    GPT-2 tokens, and its val loss pairs with our GPT-2 runs'); None for GPT-2's tokens."""
+    name = config["runs"][run]["model"]
+    m = config["models"][name]
+    if m.get("arch") != "hf":
+        return None
+    vocab = _hf_vocab(m["path"], m.get("revision"), bool(m.get("trust_remote_code")), name)
+    return None if vocab == GPT2_VOCAB else name
+
+
+@functools.cache
+def _hf_vocab(path: str, revision: str | None, trust_remote_code: bool, name: str) -> int:
+    """An `arch: hf` model's vocabulary (its folder read once: a rule's every input asks)."""
+    data = {"path": path, "revision": revision, "trust_remote_code": trust_remote_code}
+    return hf_shape(data, f"models.{name}")["vocab_size"]
+
+
+def text_tokens(config: dict[str, Any], run: str) -> str:
+    """The tokens manifest of a run's text: its pretraining data (continued pretraining of an
+    `arch: hf` model too) and its val loss's val shard."""
+    return layout(config).tokens_manifest(text_dataset(config, run), tokens_of(config, run))
+
+
+def hf_tokenizer_folder(config: dict[str, Any], model: str) -> str:
+    """The folder of an `arch: hf` model's own tokenizer: a hub model's as the download stage
+    fetched it, else its local folder (or the cache's snapshot)."""
+    from lmpipe import hf_folder
+
+    if model in hub_models(config):
+        return layout(config).hub_model_dir(model)
+    m = config["models"][model]
+    return str(hf_folder.resolve(m["path"], m.get("revision")))
+
+
+def hub_model_in(config: dict[str, Any], folder: str) -> str | None:
+    """The hub model of `models:` that the download stage fetches into `folder`, if any."""
+    hub = (m for m in hub_models(config) if layout(config).hub_model_dir(m) == folder)
+    return next(hub, None)
+
+
+def tokenizer_key(config: dict[str, Any], folder: str) -> str:
+    """What a tokenizer's outputs depend on, for rule params: a hub model's id and pinned
+    revision (not downloaded yet when the DAG is planned), else its files' sha256."""
+    from lmpipe import hf_folder
+
+    if (name := hub_model_in(config, folder)) is not None:
+        m = config["models"][name]
+        return f"{m['path']}@{m.get('revision') or 'main'}"
+    return hf_folder.tokenizer_identity(folder)
+
+
 def chat_dataset(config: dict[str, Any], run: str) -> str | None:
     """The conversations a run's chat evaluations use: its own (fine-tuning), its fine-tunings'
     (a base), or None."""
@@ -715,7 +771,7 @@ def _hellaswag_file(config: dict[str, Any], run: str) -> str:
 # kind's one path function (config, run) -> path, which the evaluate rule's inputs and
 # `python -m lmpipe.eval`'s flags (--tokens, --hellaswag, ...) follow
 INPUT_FILES: dict[str, typing.Callable[[dict[str, Any], str], str]] = {
-    "tokens": lambda config, run: layout(config).tokens_manifest(text_dataset(config, run)),
+    "tokens": text_tokens,
     "hellaswag": _hellaswag_file,
     "suite": lambda config, run: layout(config).suite_manifest(),
     "conversations": lambda config, run: layout(config).conversations_manifest(
@@ -747,18 +803,18 @@ def tokenize_params(config: dict[str, Any], dataset: str) -> str:
     return canonical_json(d | {"dataset": dataset})
 
 
+def tokenizing_models(config: dict[str, Any]) -> list[str]:
+    """The `arch: hf` models whose runs read text in the model's own tokens (tokens_of)."""
+    return sorted({m for r in config["runs"] if (m := tokens_of(config, r))})
+
+
 def conversations_params(config: dict[str, Any], dataset: str) -> str:
     """What the prepared conversations depend on (lmpipe.chat.data): the dataset's settings and,
     for a base model's own tokenizer, that tokenizer's files (a changed base reruns them)."""
     d = _fields_of(ConversationsConfig, config["datasets"][dataset])
     tokenizer = conversations_tokenizer(config, dataset)
-    hub = {layout(config).hub_model_dir(m): config["models"][m] for m in hub_models(config)}
-    if tokenizer in hub:  # not downloaded yet when the DAG is planned: its pinned revision
-        d["tokenizer"] = f"{hub[tokenizer]['path']}@{hub[tokenizer].get('revision') or 'main'}"
-    elif tokenizer != config["tokenizer"]:
-        from lmpipe import hf_folder
-
-        d["tokenizer"] = hf_folder.tokenizer_identity(tokenizer)
+    if tokenizer != config["tokenizer"]:
+        d["tokenizer"] = tokenizer_key(config, tokenizer)
     return canonical_json(d | {"dataset": dataset})
 
 
@@ -766,18 +822,12 @@ def conversations_tokenizer(config: dict[str, Any], dataset: str) -> str:
     """The folder whose tokenizer prepares `dataset`'s conversations: the base model's own for
     runs of `model.arch: hf`, else GPT-2's (the config's `tokenizer`); runs of two tokenizers
     on one dataset are an error (each needs its own dataset entry)."""
-    from lmpipe import hf_folder
-
     found: dict[str, str] = {}
     for name, r in config["runs"].items():
         if r["dataset"] != dataset:
             continue
-        m = config["models"][r["model"]]
-        folder = config["tokenizer"]
-        if r["model"] in hub_models(config):  # fetched by the download stage
-            folder = str(layout(config).hub_model_dir(r["model"]))
-        elif m.get("arch") == "hf":
-            folder = str(hf_folder.resolve(m["path"], m.get("revision")))
+        hf = config["models"][r["model"]].get("arch") == "hf"
+        folder = hf_tokenizer_folder(config, r["model"]) if hf else config["tokenizer"]
         found.setdefault(folder, name)
     if len(found) > 1:
         (a, ra), (b, rb) = list(found.items())[:2]
@@ -942,6 +992,7 @@ def report_params(config: dict[str, Any], report: str) -> str:
             "eval": {s: dataclasses.asdict(v) for s, v in rc.eval.items()},
             "evaluations": evaluations_of(config, r),
             "text_dataset": text_dataset(config, r),
+            "text_tokens": text_tokens(config, r),  # its manifest (a model's own tokens')
             "chat_dataset": chat_dataset(config, r),
         }
     return canonical_json(

@@ -33,11 +33,13 @@ class Layout:
     def raw_manifest(self, dataset: str) -> str:
         return f"{self.raw_dir(dataset)}/manifest.json"
 
-    def tokens_dir(self, dataset: str) -> str:
-        return f"{self.data}/{dataset}/tokens"
+    def tokens_dir(self, dataset: str, tokens_of: str | None = None) -> str:
+        """GPT-2's tokens of a text dataset; with `tokens_of`, an `arch: hf` model of `models:`,
+        that model's own tokenizer's (its continued pretraining and its val loss)."""
+        return f"{self.data}/{dataset}/tokens" + (f"-{tokens_of}" if tokens_of else "")
 
-    def tokens_manifest(self, dataset: str) -> str:
-        return f"{self.tokens_dir(dataset)}/manifest.json"
+    def tokens_manifest(self, dataset: str, tokens_of: str | None = None) -> str:
+        return f"{self.tokens_dir(dataset, tokens_of)}/manifest.json"
 
     def token_part(self, dataset: str, part: int | str) -> str:
         """A part's token stream, when a dataset is tokenized in parts (removed once cut)."""

@@ -82,6 +82,8 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None], Job
         c, w["dataset"], f"{w['dataset']}/{w['part']}"
     ),
     "tokenize": lambda c, w, gpu: costs.tokenize_job(c, w["dataset"]),
+    # a model's own tokenizer: estimated at GPT-2's measured rate (its own is not measured)
+    "tokenize_for_model": lambda c, w, gpu: costs.tokenize_job(c, w["dataset"]),
     "mixture": lambda c, w, gpu: Job(
         "mixture", w["dataset"], "", estimate_s=5, basis="local rule: the sources' manifest"
     ),

@@ -62,9 +62,10 @@ class Architecture:
         """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward; L the
         blocks with attention): the one count of the plan, the MFU, the train priorities and the
         sweep ladder's compute (the models' own flops_per_token call it; tests/test_flops.py
-        checks it)."""
+        checks it). With a sliding window (a modern model's attention_window, growing to
+        attention_window_final) T is at most the largest window: the keys a query sees."""
         n = (self.flops_params or self.num_params)(m)
-        return 6 * n + 6 * attention_layers(m) * m.n_embd * seq_len
+        return 6 * n + 6 * attention_layers(m) * m.n_embd * attention_context(m, seq_len)
 
     def head_flops_per_token(self, m: Any) -> int:
         """The LM head's share of flops_per_token, 6 * V * C (V padded, as the head computes
@@ -184,6 +185,14 @@ def modern_scalars(m: Any) -> int:
 def value_embedding_params(m: Any) -> int:
     """The value embeddings' parameters: k tables of the padded vocabulary (lookups)."""
     return getattr(m, "value_embeddings", 0) * m.padded_vocab_size * m.n_embd
+
+
+def attention_context(m: Any, seq_len: int) -> int:
+    """The T of 6LCT: the row's seq_len, or the largest sliding window where smaller (the
+    window's 128-token blocks, whole, are what FlexAttention computes; a document mask's
+    savings depend on the data and are not counted)."""
+    window = getattr(m, "attention_window_final", None) or getattr(m, "attention_window", None)
+    return seq_len if window is None else min(seq_len, window)
 
 
 def modern_params(m: Any) -> int:

@@ -208,23 +208,26 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
 
 
 def check_hf_run(config: dict[str, Any], name: str, rc: Any) -> None:
-    """What an `arch: hf` run cannot do yet, refused before any job: pretraining on text (the
-    text shards are GPT-2's tokens, not the model's) and evaluations during training (their
-    scorers tokenize with GPT-2's BPE); fine-tuning on conversations and every evaluation of the
-    converted model take the model's own tokenizer."""
-    from lmpipe.config import in_training
+    """What an `arch: hf` run cannot do, refused before any job: evaluations during training
+    (HellaSwag's and the suite's scorers there tokenize with GPT-2's BPE), and a mixture in its
+    own tokens (its sources are tokenized with GPT-2's). Pretraining on text (continued
+    pretraining) and its val loss read the text in the model's own tokens
+    (lmpipe.config.tokens_of); fine-tuning and every evaluation of the converted model take
+    its own tokenizer too."""
+    from lmpipe.config import in_training, is_mixture, text_dataset, tokens_of
 
     where, r = f"runs.{name}", config["runs"][name]
-    if "sft" not in r and r.get("train") is not None:  # (train: null: evaluated as it is)
-        raise ConfigError(
-            f"{where}: model {r['model']!r} (arch hf) can only be fine-tuned"
-            " on conversations (base: and sft:): text shards hold GPT-2's tokens, not its own"
-        )
     during = sorted(in_training(rc))
     if during:
         raise ConfigError(
             f"{where}.eval: {', '.join(during)} during training scores with GPT-2's tokenizer;"
             " an arch hf model is scored after training only (set during_training.every: 0)"
+        )
+    text = text_dataset(config, name)
+    if tokens_of(config, name) and is_mixture(config, text):
+        raise ConfigError(
+            f"{where}: model {r['model']!r} (arch hf) reads text in its own tokens, and"
+            f" {text!r} is a mixture of GPT-2-tokenized sources: give it one text dataset"
         )
 
 

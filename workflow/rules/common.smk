@@ -88,6 +88,15 @@ MIXTURES = [d for d in config["datasets"] if lmconfig.is_mixture(config, d)]
 TOKENIZED = [d for d in config["datasets"] if d not in MIXTURES]
 
 
+# the `arch: hf` models whose runs read text in the model's own tokens (tokenize_for_model)
+HF_TOKENIZING_MODELS = lmconfig.tokenizing_models(config)
+
+
+def get_hub_model_input(model):
+    """A hub model's download (its tokenizer and weights come from it); none for a folder."""
+    return LAYOUT.hub_model_dir(model) if model in lmconfig.hub_models(config) else []
+
+
 def get_mixture_inputs(wildcards):
     """Each source's tokens manifest, by source name."""
     sources = config["datasets"][wildcards.dataset]["mixture"]
@@ -106,9 +115,13 @@ def get_from_parts_arg(wildcards, input):
 
 
 def get_conversations_source(wildcards):
-    """The local ShareGPT file (a change reruns the preparation); none for a hub dataset."""
+    """The local ShareGPT file (a change reruns the preparation; none for a hub dataset), and
+    a hub base's download, whose tokenizer prepares them."""
     d = config["datasets"][wildcards.dataset]
-    return d["path"] if d["source"] == "local" else []
+    inputs = {"source": d["path"]} if d["source"] == "local" else {}
+    folder = lmconfig.conversations_tokenizer(config, wildcards.dataset)
+    hub = lmconfig.hub_model_in(config, folder) is not None
+    return inputs | ({"model": folder} if hub else {})
 
 
 def get_eval_outputs(run):
@@ -139,9 +152,7 @@ def get_report_inputs(wildcards):
     finals += [LAYOUT.llmc_file(r) for r in trained if lmconfig.exports_llmc(config, r)]
     finals += [LAYOUT.hf_dir(r) for r in runs if r in REFERENCE_RUNS]
     evals = [f for r in runs for f in get_eval_outputs(r)]
-    manifests = sorted(
-        {LAYOUT.tokens_manifest(lmconfig.text_dataset(config, r)) for r in runs}
-    )
+    manifests = sorted({lmconfig.text_tokens(config, r) for r in runs})
     return finals + evals + manifests
 
 
@@ -154,8 +165,12 @@ def get_train_inputs(wildcards):
     the evaluations during training read, by kind, as their evaluate jobs get them
     (lmpipe.config.in_training: those whose section's during_training is on)."""
     run = get_run(wildcards)
-    if not run.fine_tuning:
-        inputs = {"data": LAYOUT.tokens_manifest(run.dataset)}
+    if (
+        not run.fine_tuning
+    ):  # (an `arch: hf` model's text: its own tokens, its folder's weights)
+        inputs = {"data": lmconfig.text_tokens(config, wildcards.run)}
+        if hub := get_hub_model_input(config["runs"][wildcards.run]["model"]):
+            inputs["model"] = hub
     else:
         base = lmconfig.base_source(config, wildcards.run)
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
@@ -172,7 +187,9 @@ def get_init_arg(wildcards, input):
 def get_train_eval_input_args(wildcards, input):
     """`--eval-input kind=path ...`: the inputs of the evaluations during training."""
     pairs = [
-        f"{kind}={path}" for kind, path in input.items() if kind not in ("data", "init")
+        f"{kind}={path}"
+        for kind, path in input.items()
+        if kind not in ("data", "init", "model")
     ]
     return " ".join(f"--eval-input {shlex.quote(pair)}" for pair in pairs)
 

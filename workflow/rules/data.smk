@@ -124,6 +124,41 @@ rule tokenize:
         " {params.from_parts} > {log} 2>&1"
 
 
+# a text dataset in an `arch: hf` model's own tokens (its continued pretraining, its val loss):
+# tokens-{model}/ beside GPT-2's tokens/; the tokenizer's files (or a hub model's pinned
+# revision) are a param, so a changed tokenizer reruns this and nothing else does
+rule tokenize_for_model:
+    input:
+        raw=LAYOUT.raw_manifest("{dataset}"),
+        model=lambda wc: get_hub_model_input(wc.model),
+    output:
+        manifest=LAYOUT.tokens_manifest("{dataset}", "{model}"),
+    log:
+        LAYOUT.log("tokenize", "{dataset}/{model}"),
+    benchmark:
+        LAYOUT.benchmark("tokenize", "{dataset}/{model}")
+    wildcard_constraints:
+        dataset=one_of(TOKENIZED),
+        model=one_of(HF_TOKENIZING_MODELS),
+    conda:
+        "../../envs/data.yaml"
+    threads: lambda wc: get_derived(wc, "tokenize", "cpus")
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "tokenize", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "tokenize", "runtime"),
+    params:
+        cfg=lambda wc: lmconfig.tokenize_params(config, wc.dataset),
+        tokenizer=lambda wc: lmconfig.hf_tokenizer_folder(config, wc.model),
+        identity=lambda wc: lmconfig.tokenizer_key(
+            config, lmconfig.hf_tokenizer_folder(config, wc.model)
+        ),
+        out=lambda wc: LAYOUT.tokens_dir(wc.dataset, wc.model),
+    shell:
+        "python -m lmpipe.data tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
+        " --tokenizer {params.tokenizer:q} --tokens-of {wildcards.model:q}"
+        " --out {params.out:q} --workers {threads} > {log} 2>&1"
+
+
 # a mixture of tokenized datasets: its manifest names each source's and its weight; changing a
 # weight rewrites it (and reruns the trainings on it), never a source's tokenizing
 rule mixture:
@@ -148,7 +183,7 @@ rule mixture:
 
 rule prepare_conversations:
     input:
-        get_conversations_source,
+        unpack(get_conversations_source),
     output:
         manifest=LAYOUT.conversations_manifest("{dataset}"),
     log:

@@ -1,8 +1,11 @@
-"""The tokenize stage: raw documents -> llm.c token shards (GPT-2 BPE), streamed and parallel.
+"""The tokenize stage: raw documents -> llm.c token shards, streamed and parallel.
 
-Each document becomes `<|endoftext|>` followed by its tokens; documents are concatenated and cut
-into shards of `shard_tokens` (the first, the validation shard, holds `val_tokens`), so documents
-split across shard boundaries as in llm.c's `dev/data/fineweb.py`.
+The tokenizer is GPT-2's BPE (tiktoken, from resources/gpt2), or, for the text of an `arch: hf`
+model's runs, that model's own (its folder's AutoTokenizer: lmpipe.data.tokenizer), its ids in
+uint32 shards where they exceed uint16 (llm.c's format). Each document becomes the end of text
+(GPT-2's `<|endoftext|>`, a model's eos token) followed by its tokens; documents are
+concatenated and cut into shards of `shard_tokens` (the first, the validation shard, holds
+`val_tokens`), so documents split across shard boundaries as in llm.c's `dev/data/fineweb.py`.
 
 Speed and memory: documents are read a parquet batch (or a block of jsonl lines) at a time and
 encoded by a pool of threads (tiktoken's Rust core releases the GIL; `encode_to_numpy` skips the
@@ -44,7 +47,7 @@ from tqdm import tqdm
 
 from lmpipe.config import TokenizeConfig, build
 from lmpipe.data.shards import ShardFormat, header_bytes, read_shard, shard_format
-from lmpipe.data.tokenizer import EOT_ID, gpt2_encoding
+from lmpipe.data.tokenizer import Tokenizer, load_tokenizer
 from lmpipe.files import atomic_dir, atomic_file
 from lmpipe.paths import shard_name
 
@@ -86,19 +89,23 @@ def read_documents(path: Path, text_column: str) -> Iterator[list[str]]:
 
 
 def encode_batch(texts: list[str], tokenizer_dir: str) -> np.ndarray:
-    """`<|endoftext|>` + tokens for each document, concatenated, in the shards' dtype."""
-    enc = gpt2_encoding(tokenizer_dir)
+    """The end of text + tokens for each document, concatenated, in the shards' dtype."""
+    enc = load_tokenizer(tokenizer_dir)
     parts = []
-    eot = np.array([EOT_ID], dtype=np.uint32)
-    for text in texts:
+    eot = np.array([enc.eot_token], dtype=np.uint32)
+    if hasattr(enc, "encode_to_numpy"):  # tiktoken (GPT-2): no Python list between
+        encoded = (enc.encode_to_numpy(text, disallowed_special=()) for text in texts)
+    else:  # a Hugging Face tokenizer: the batch at once (its Rust core spreads it itself)
+        encoded = (np.asarray(ids, dtype=np.uint32) for ids in enc.encode_ordinary_batch(texts))
+    for tokens in encoded:  # (disallowed_special=(): encode_ordinary, special text as text)
         parts.append(eot)
-        parts.append(enc.encode_to_numpy(text, disallowed_special=()))  # = encode_ordinary
+        parts.append(tokens)
     return np.concatenate(parts).astype(tokens_format(tokenizer_dir).dtype)
 
 
 def tokens_format(tokenizer_dir: str) -> ShardFormat:
-    """The shard format the tokenizer's ids fit: uint16 for GPT-2's 50,257."""
-    return shard_format(gpt2_encoding(tokenizer_dir).n_vocab)
+    """The shard format the tokenizer's ids fit: uint16 for GPT-2's 50,257, uint32 above 65,536."""
+    return shard_format(load_tokenizer(tokenizer_dir).n_vocab)
 
 
 def ordered_map(pool: ThreadPoolExecutor, fn, items, window: int) -> Iterator:
@@ -159,7 +166,7 @@ def encoded(
 ) -> Iterator[tuple[int, np.ndarray]]:
     """(documents, their tokens) of `files`, batch by batch, in order, encoded by `workers`
     threads."""
-    gpt2_encoding(tokenizer_dir)  # load (and check) the tokenizer once, before the threads
+    load_tokenizer(tokenizer_dir)  # load (and check) the tokenizer once, before the threads
 
     def batches() -> Iterator[list[str]]:
         for path in files:
@@ -175,14 +182,16 @@ def encoded(
             progress.update(n)
 
 
-def from_parts(parts: list[Path], chunk: int = 1 << 24) -> Iterator[tuple[int, np.ndarray]]:
+def from_parts(
+    parts: list[Path], eot: int, chunk: int = 1 << 24
+) -> Iterator[tuple[int, np.ndarray]]:
     """(documents, tokens) read back from part streams, in order: a document starts with its
     end-of-text token, and the text's own tokens never are one."""
     for part in tqdm(parts, desc="shards from parts", unit="part", file=sys.stderr):
         tokens = read_shard(part)
         for start in range(0, len(tokens), chunk):
             piece = np.asarray(tokens[start : start + chunk])
-            yield int((piece == EOT_ID).sum()), piece
+            yield int((piece == eot).sum()), piece
 
 
 def tokenize_part(
@@ -215,11 +224,14 @@ def tokenize(
     out: Path,
     workers: int,
     parts: list[Path] | None = None,
+    tokens_of: str | None = None,
 ) -> dict[str, Any]:
     """The dataset's shards and manifest.json into `out`: from the raw files, or from the token
-    streams of its parts (`parts`, in order)."""
+    streams of its parts (`parts`, in order). `tokens_of`: the model whose tokenizer this is
+    (an `arch: hf` entry of `models:`), said in the manifest."""
+    enc: Tokenizer = load_tokenizer(tokenizer_dir)
     if parts:
-        stream = from_parts(parts)
+        stream = from_parts(parts, enc.eot_token)
     else:
         files, rows = raw_files(raw_manifest)
         desc = f"tokenize {cfg.dataset}"
@@ -235,8 +247,9 @@ def tokenize(
 
         manifest = {
             "dataset": cfg.dataset,
-            "tokenizer": "gpt2",
-            "eot": EOT_ID,
+            "tokenizer": enc.name,  # "gpt2", or "hf <sha256 of its files>"
+            **({"tokens_of": tokens_of} if tokens_of else {}),
+            "eot": enc.eot_token,
             "documents": docs,
             "shard_tokens": cfg.shard_tokens,
             "shards": writer.shards,
@@ -253,7 +266,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-json", required=True, help="lmpipe.config.tokenize_params")
     parser.add_argument("--raw-manifest", required=True, type=Path)
-    parser.add_argument("--tokenizer", required=True, help="folder with encoder.json, vocab.bpe")
+    parser.add_argument(
+        "--tokenizer", required=True,
+        help="GPT-2's folder (encoder.json, vocab.bpe), or a Hugging Face model's folder",
+    )  # fmt: skip
+    parser.add_argument("--tokens-of", help="the `models:` entry whose tokenizer this is")
     parser.add_argument("--out", required=True, type=Path, help="tokens folder (a part: its file)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--part", type=int, help="tokenize part PART (0-based) of --parts only")
@@ -274,7 +291,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         log.info("part %d of %d: %d tokens -> %s", args.part, args.parts, n, args.out)
         return
-    m = tokenize(cfg, args.raw_manifest, args.tokenizer, args.out, workers, args.from_parts)
+    m = tokenize(
+        cfg, args.raw_manifest, args.tokenizer, args.out, workers, args.from_parts, args.tokens_of
+    )
     log.info(
         "%d documents -> %d shards, %d val + %d train tokens in %s",
         m["documents"], len(m["shards"]), m["tokens"]["val"], m["tokens"]["train"], args.out,

@@ -88,9 +88,12 @@ def evaluate(
     how = "mean next-token cross-entropy"
     if not is_mixture(manifest):
         shard = val_shard(manifest)
+        tokens = read_json(Path(manifest), "tokens manifest")
         return {
             "metric": "fineweb_val_loss",
-            "dataset": read_json(Path(manifest), "tokens manifest").get("dataset"),
+            "dataset": tokens.get("dataset"),
+            # an `arch: hf` model's own tokens (None: GPT-2's): losses pair only on equal tokens
+            **({"tokens_of": tokens["tokens_of"]} if tokens.get("tokens_of") else {}),
             **score_shard(model, shard, settings, device),
             "produced_by": produced_by(__name__, model_dir, how, shard=str(shard), device=device),
         }

@@ -1,6 +1,8 @@
 """Self-attention's one switch, shared by the architectures: causal, or under a given mask, with
-the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel); and which
-kernel SDPA then ran, read off torch.profiler (`kernel_that_runs`)."""
+the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel); or, under a
+FlexAttention BlockMask (a modern model's document mask and sliding window on CUDA), torch's
+flex_attention, compiled as modded-nanogpt's records run it; and which kernel then ran, read off
+torch.profiler (`kernel_that_runs`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # train.attention_backend -> the kernels SDPA may pick from (None: its own choice)
 BACKENDS: dict[str, SDPBackend | None] = {
@@ -26,6 +29,10 @@ CPU_BACKENDS = ("auto", "flash", "math")  # PyTorch's CPU has a flash kernel and
 # (aten::scaled_dot_product_attention) does not have it
 KERNEL_OP = "aten::_scaled_dot_product_"
 _chosen: SDPBackend | None = None
+FLEX_OFF_CUDA = False  # tests set it: FlexAttention's masks on the CPU too, eager (flex_on)
+FLEX_KERNEL = "flex_attention"  # what kernel_that_runs names FlexAttention (no aten op of its own)
+_compiled_flex = None
+_flex_calls = 0  # flex's eager calls (kernel_that_runs reads it; compiled code never counts)
 
 
 def backend_problem(name: str, device: torch.device) -> str | None:
@@ -44,12 +51,41 @@ def use_backend(name: str) -> None:
     _chosen = BACKENDS[name]
 
 
+def flex_on(device: torch.device) -> bool:
+    """Whether a model's own mask (document mask, sliding window) runs as FlexAttention on
+    `device`: on CUDA, where its fused kernel skips the masked blocks; elsewhere SDPA under the
+    boolean mask, the definition (FLEX_OFF_CUDA: FlexAttention eager there too, for tests)."""
+    return device.type == "cuda" or FLEX_OFF_CUDA
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> torch.Tensor:
+    """flex_attention under `mask`, compiled on CUDA (as modded-nanogpt's records, whose model is
+    torch.compile'd: unfused, eager flex_attention materialises the scores), eager elsewhere.
+    q, k, v in one dtype: autocast's when on (SDPA casts so itself), else their common one."""
+    global _compiled_flex, _flex_calls
+    if not torch.compiler.is_compiling():  # a traced count would guard on it: a recompile a call
+        _flex_calls += 1
+    kind = q.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    if kind != "cuda":
+        return flex_attention(q, k, v, block_mask=mask)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex(q, k, v, block_mask=mask)
+
+
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | BlockMask | None
 ) -> torch.Tensor:
     """Attention of (B, nh, T, hs) queries, keys and values: causal without a mask (training,
     generation); with one, (B, 1, T, T) bool, True where a query may attend, under it (packed
-    scoring rows: lmpipe.eval.packing)."""
+    scoring rows: lmpipe.eval.packing); with a BlockMask, FlexAttention under it (flex)."""
+    if isinstance(mask, BlockMask):
+        return flex(q, k, v, mask)
     kernel = sdpa_kernel(_chosen) if _chosen is not None else contextlib.nullcontext()
     with kernel:
         if mask is None:
@@ -66,11 +102,13 @@ def kernel_ops(events: Iterable[Any]) -> list[str]:
 
 
 def kernel_that_runs(forward: Callable[[], Any]) -> str:
-    """The SDPA kernel that one call of `forward` runs attention on, as torch.profiler names its
-    aten op (several joined by ", "; "none" where no attention went through SDPA): what ran,
-    where train.attention_backend is what was asked."""
+    """The attention kernel that one eager call of `forward` runs, as torch.profiler names SDPA's
+    aten op, or FLEX_KERNEL where FlexAttention ran (several joined by ", "; "none" where no
+    attention ran): what ran, where train.attention_backend is what was asked."""
     from torch.profiler import ProfilerActivity, profile
 
+    flex_before = _flex_calls
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         forward()
-    return ", ".join(kernel_ops(prof.events())) or "none"
+    ops = kernel_ops(prof.events()) + ([FLEX_KERNEL] if _flex_calls > flex_before else [])
+    return ", ".join(ops) or "none"

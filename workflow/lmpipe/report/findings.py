@@ -39,8 +39,16 @@ def paired_interval(a: list[float], b: list[float]) -> tuple[float, float, float
 
 def val_views(result: dict[str, Any]) -> dict[str | None, dict[str, Any]]:
     """A val_loss result's scores by the data they were measured on: its dataset's (a
-    mixture's: each source's, its own weighted mean having no batches to pair)."""
-    return result.get("sources") or {result.get("dataset"): result}
+    mixture's: each source's, its own weighted mean having no batches to pair). The text in a
+    model's own tokens is other data than the same text in GPT-2's."""
+    return result.get("sources") or {data_name(result): result}
+
+
+def data_name(result: dict[str, Any]) -> str:
+    """The val data a val_loss result was scored on: its dataset, and whose tokens (an `arch:
+    hf` model's own tokens of a text are other data than GPT-2's of it)."""
+    of = result.get("tokens_of")
+    return str(result.get("dataset")) + (f" in {of}'s tokens" if of else "")
 
 
 def val_loss_lines(run: Run, base: Run) -> list[str]:
@@ -55,7 +63,7 @@ def val_loss_lines(run: Run, base: Run) -> list[str]:
         return [
             f"{run.name}: val loss {mine['value']:.4f} against {base.name}'s"
             f" {theirs['value']:.4f}, measured on different val data"
-            f" ({mine.get('dataset')} and {theirs.get('dataset')}): no paired interval."
+            f" ({data_name(mine)} and {data_name(theirs)}): no paired interval."
         ]
     # a source of a mixture is named; one dataset's val loss is said as before
     mixed = set(mine.get("sources", {})) | set(theirs.get("sources", {}))

@@ -30,8 +30,9 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   lambdas[0] v), and the embedding mix (`embedding_mix`, the record's `Block.lambdas`): each
   block's input lambdas[0] x + lambdas[1] x0, x0 the normed embedding (init 1, 0);
 - optionally attention within documents (`document_mask`) and over a sliding window of
-  128-token blocks (`attention_window`), the records' FlexAttention block mask, here as SDPA's
-  boolean mask (`document_window_mask`).
+  128-token blocks (`attention_window`), the records' FlexAttention block mask: on CUDA as
+  FlexAttention (`document_window_block_mask`), elsewhere, and for rows not in whole blocks, as
+  SDPA's boolean mask (`document_window_mask`, the definition).
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
@@ -44,9 +45,10 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from lmpipe.config import ModelConfig, model_config
-from lmpipe.models.attention import attend
+from lmpipe.models.attention import attend, flex_on
 from lmpipe.models.head_loss import linear_cross_entropy, soft_cap
 from lmpipe.registry import ARCHITECTURES
 
@@ -58,6 +60,7 @@ def modern_config(**fields) -> ModelConfig:
 
 EOT = 50256  # GPT-2's end-of-text token: the shards put one before each document
 WINDOW_BLOCK = 128  # the records' FlexAttention block: the window counts whole blocks
+_compiled_block_mask = None  # torch.compile(create_block_mask), made on CUDA's first use
 
 
 def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) -> torch.Tensor:
@@ -76,6 +79,36 @@ def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) 
         blocks = t // WINDOW_BLOCK
         allowed = allowed & (blocks[:, None] - blocks[None, :] < window // WINDOW_BLOCK)[None]
     return allowed[:, None]
+
+
+def document_window_block_mask(idx: torch.Tensor, document: bool, window: int | None) -> BlockMask:
+    """document_window_mask as FlexAttention's BlockMask (create_block_mask, 128-token blocks;
+    compiled on CUDA, where a 65,536-token row's dense mask would take 4 GiB): the record's
+    `document_causal` mask_mod (`causal_mask & document_mask`, docs from the EOT tokens) and its
+    block-wise window `q_idx - kv_idx < sliding_window_num_blocks` over the blocks of q and kv
+    (KellerJordan/modded-nanogpt records/010425_SoftCap/31d6c427-...txt, GPT.forward). The
+    window is a tensor, as the record's, so that a new window compiles nothing new."""
+    B, T = idx.shape
+    docs = (idx == EOT).cumsum(1)  # (B, T)
+    blocks = torch.tensor(
+        T if window is None else window // WINDOW_BLOCK, dtype=torch.int32, device=idx.device
+    )
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        allowed = q_idx >= kv_idx
+        if document:
+            allowed = allowed & (docs[b, q_idx] == docs[b, kv_idx])
+        if window is not None:
+            allowed = allowed & (q_idx // WINDOW_BLOCK - kv_idx // WINDOW_BLOCK < blocks)
+        return allowed
+
+    make = create_block_mask
+    if idx.device.type == "cuda":  # torch's advice: compiled, it never holds the dense mask
+        global _compiled_block_mask
+        if _compiled_block_mask is None:
+            _compiled_block_mask = torch.compile(create_block_mask)
+        make = _compiled_block_mask
+    return make(mask_mod, B, None, T, T, device=idx.device, BLOCK_SIZE=WINDOW_BLOCK)
 
 
 def window_at(config: ModelConfig, progress: float) -> int | None:
@@ -157,7 +190,7 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | BlockMask | None = None,
         ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, C = x.size()
@@ -211,7 +244,7 @@ class Block(nn.Module):
         self,
         x: torch.Tensor,
         rope: tuple[torch.Tensor, ...] | None,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | BlockMask | None = None,
         x0: torch.Tensor | None = None,
         ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -372,7 +405,10 @@ class ModernGPT(nn.Module):
         x0 = x
         if mask is None and positions is None and (c.document_mask or c.attention_window):
             window = window_at(c, self.progress)
-            mask = document_window_mask(idx, c.document_mask, window)
+            if flex_on(idx.device) and idx.size(1) % WINDOW_BLOCK == 0:  # flex: whole blocks
+                mask = document_window_block_mask(idx, c.document_mask, window)
+            else:
+                mask = document_window_mask(idx, c.document_mask, window)
         k = c.value_embeddings  # tables 0..k-1 to blocks 0..k-1 and n_layer-k..n_layer-1
         ve = tables + [None] * (c.n_layer - 2 * k) + tables
         skips = []  # U-net: the encoder's outputs, added back to the decoder's inputs last first
