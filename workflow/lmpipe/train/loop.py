@@ -245,8 +245,8 @@ def training_model(
 def attention_kernel(model: torch.nn.Module, seq_len: int, device: torch.device) -> str:
     """The attention kernel the model runs (lmpipe.models.attention.kernel_that_runs), from one
     profiled forward of a (1, min(seq_len, 1024)) batch: no gradients, eager (that shape never
-    reaches a compiled graph; and eager FlexAttention holds all the scores, 51 GB at a 65,536-token
-    row), on every rank (FSDP gathers the weights)."""
+    reaches a compiled graph; and eager FlexAttention holds all the scores: 51 GB or more at a
+    65,536-token row), on every rank (FSDP gathers the weights)."""
     idx = torch.zeros((1, min(seq_len, 1024)), dtype=torch.long, device=device)
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         return attention.kernel_that_runs(lambda: model(idx))
