@@ -1,6 +1,8 @@
 """One call on a GPU machine: is the trainer ready for the cluster? Every part, timed, into $OUT.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 benchmarks/gpu_check.py --out "$OUT"
+    PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 benchmarks/gpu_check.py --out "$OUT" \
+        --parts real_run speed.d12_mb64_fp8 speed.d12_mb64_chunked   # the on-request parts
     benchmarks/gpu_check --smoke --out /tmp/gpu_check      # every part, tiny, on the CPU (CI)
 
 Parts, in the order they run (names as in the JSON):
@@ -24,16 +26,25 @@ Parts, in the order they run (names as in the JSON):
   of transformers' GPT2LMHeadModel (fp32, stated tolerance); llm.c's file read back equal.
 - `speed.<preset>_mb<B>`: benchmarks/gpu_train.py, one micro-batch size a process, the trainer's
   own model (its padded head, loss, FSDP2 on one rank, bf16, compile, fused AdamW): seq 1024;
-  tokens/s, MFU, steady-state peak memory, attention kernels. The 124m run's micro-batch (64), in
-  bf16, in FP8 (`_fp8`: train.fp8, torchao's float8; skipped where torchao is not installed), and
-  with the head and loss in chunks (`_chunked`: train.loss_chunk_tokens 8192).
-- `real_run`: d12 (124M) trained for 120 steps of 64K tokens on the tokenized sample (several
-  epochs) through the launcher, bf16 + compile; the loss curve (loss_curve.csv, loss_curve.png
-  when matplotlib imports) and the tokens/s and MFU the trainer logged.
+  tokens/s, MFU, steady-state peak memory, attention kernels (and the SDPA kernel's aten op). The
+  124m run's micro-batch (64), in bf16, compiled as the trainer compiles (train.compile_scope
+  regions: the stem, each block and the tail, final norm -> LM head -> loss, as regions), then
+  the blocks only (`_blocks`: the stem and final norm eager, the loss compiled alone), the whole
+  model as one graph (`_model`), and the whole model in CUDA graphs
+  (`_model_reduce-overhead`: train.compile_mode; skipped off CUDA). These two are trials: their
+  failure is their result, and later parts stay compiled.
+- on request (`--parts` names them; their budgets do not fit the deadline beside the others):
+  FP8 (`speed.d12_mb64_fp8`: train.fp8, torchao's float8; skipped where torchao is not
+  installed), the head and loss in chunks (`speed.d12_mb64_chunked`: train.loss_chunk_tokens
+  8192), and `real_run`: d12 (124M) trained for 120 steps of 64K tokens on the tokenized sample
+  (several epochs) through the launcher, bf16 + compile; the loss curve (loss_curve.csv,
+  loss_curve.png when matplotlib imports) and the tokens/s and MFU the trainer logged.
+  `--smoke` runs every part.
 
 Each part runs in try/except with a time budget; gpu_check.json is rewritten after each part, so a
 timeout still leaves results. A part whose estimate no longer fits `--deadline` is skipped. The
-budgets sum to under the default deadline (450 s), the most important parts first.
+default parts' budgets sum to under the default deadline (450 s), the most important parts
+first; so do env's, data's and the on-request parts'.
 Writes to --out: gpu_check.json, gpu_check.log (this script's lines and every subprocess's
 output), loss_curve.csv and loss_curve.png. Imports nothing that the GPU image may lack
 (snakemake, jsonschema, lm_eval, datasets).
@@ -66,7 +77,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / "workflow"
 sys.path.insert(0, str(WORKFLOW))
-from lmpipe.config import ModelConfig, Placement, ScheduleConfig, TrainConfig  # noqa: E402
+from lmpipe.config import (  # noqa: E402
+    ModelConfig,
+    Placement,
+    ScheduleConfig,
+    TrainConfig,
+    compile_problem,
+)
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
 from lmpipe.provenance import package_versions  # noqa: E402
 from lmpipe.registry import AdamWSettings  # noqa: E402
@@ -109,6 +126,29 @@ class PartTimeout(Exception):
 # ---- what each mode runs -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Speed:
+    """A speed part: gpu_train.py's preset and micro-batch, train.loss_chunk_tokens (0: the
+    plain head), train.fp8, train.compile_scope and train.compile_mode."""
+
+    preset: str
+    mb: int
+    chunk: int = 0
+    fp8: bool = False
+    scope: str = "regions"
+    mode: str = "default"
+
+    @property
+    def name(self) -> str:
+        return speed_name(self.preset, self.mb, self.chunk, self.fp8, self.scope, self.mode)
+
+    @property
+    def trial(self) -> bool:
+        """A compile that may not run yet (the whole model, CUDA graphs): its failure is its
+        result, never a reason to run the later parts eagerly."""
+        return self.scope == "model" or self.mode != "default"
+
+
 @dataclass
 class Plan:
     device: str  # "cuda", or "cpu" for --smoke
@@ -117,15 +157,18 @@ class Plan:
     tiny: ModelConfig
     tiny_train: TrainConfig
     kill_at: int  # the checkpoint step the interrupted run is killed at
-    # (gpu_train preset, micro-batch, train.loss_chunk_tokens: 0 the plain head), in order of
-    # importance: the first size right after the correctness parts, the others after real_run
-    speed: list[tuple[str, int, int, bool]]  # preset, micro-batch, loss chunk, train.fp8
+    # in order of importance: the first size right after the correctness parts, the others
+    # after real_run
+    speed: list[Speed]
     speed_args: list[str]
     real_model: ModelConfig
     real_train: TrainConfig
     # part -> (estimate, budget) in seconds: skipped if the estimate does not fit the deadline;
     # its subprocesses are killed after the budget
     budgets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # parts that run only when --parts names them: their budgets do not fit the deadline beside
+    # the default parts' (a second call runs them)
+    on_request: tuple[str, ...] = ()
 
 
 def adamw(lr: float, fused: bool) -> AdamWSettings:
@@ -156,8 +199,15 @@ def plan_for(smoke: bool) -> Plan:
             tiny=tiny,
             tiny_train=tiny_train,
             kill_at=2,
-            speed=[("tiny", 2, 0, False), ("tiny", 2, 0, True), ("tiny", 2, 64, False)]
-            + [("tiny", 4, 0, False)],
+            speed=[
+                Speed("tiny", 2),
+                Speed("tiny", 2, scope="blocks"),
+                Speed("tiny", 2, scope="model"),
+                Speed("tiny", 2, scope="model", mode="reduce-overhead"),  # skipped: CUDA graphs
+                Speed("tiny", 2, fp8=True),
+                Speed("tiny", 2, chunk=64),
+                Speed("tiny", 4),
+            ],
             speed_args=["--seq-len", "128", "--warmup", "2", "--steps", "2"]
             + ["--device", "cpu", "--dtype", "float32", "--no-compile"],
             real_model=tiny,
@@ -182,9 +232,18 @@ def plan_for(smoke: bool) -> Plan:
         tiny=tiny,
         tiny_train=tiny_train,
         kill_at=2,
-        # the 124m run's micro-batch: bf16, FP8 (train.fp8), and the head and loss in chunks of
-        # 8K tokens (never the 64K x 50,304 logits)
-        speed=[("d12", 64, 0, False), ("d12", 64, 0, True), ("d12", 64, 8192, False)],
+        # the 124m run's micro-batch, bf16: compiled as the trainer compiles (the stem, blocks
+        # and tail as regions), the blocks only, the whole model, the whole model in CUDA
+        # graphs; on request: FP8 (train.fp8), and the head and loss in chunks of 8K tokens
+        # (never the 64K x 50,304 logits)
+        speed=[
+            Speed("d12", 64),
+            Speed("d12", 64, scope="blocks"),
+            Speed("d12", 64, scope="model"),
+            Speed("d12", 64, scope="model", mode="reduce-overhead"),
+            Speed("d12", 64, fp8=True),
+            Speed("d12", 64, chunk=8192),
+        ],
         speed_args=["--seq-len", "1024", "--warmup", "10", "--steps", "20"]
         + ["--device", "cuda", "--dtype", "bfloat16"],
         real_model=d12,
@@ -211,15 +270,30 @@ def plan_for(smoke: bool) -> Plan:
             "correctness.resume": (45, 60),
             "correctness.convert": (20, 25),
             "speed.d12_mb64": (70, 90),  # the first compile of d12 (~1 min)
+            # the blocks' graphs and Triton kernels from the caches; the loss alone compiled
+            "speed.d12_mb64_blocks": (35, 50),
+            # one graph of 12 blocks traced and scheduled whole (its kernels mostly cached)
+            "speed.d12_mb64_model": (55, 70),
+            "speed.d12_mb64_model_reduce-overhead": (45, 55),  # the same, in CUDA graphs
+            # on request (--parts real_run speed.d12_mb64_fp8 speed.d12_mb64_chunked): with env
+            # and data they fit one call too
             "speed.d12_mb64_fp8": (55, 58),  # FP8's own compile of d12
             "speed.d12_mb64_chunked": (40, 40),
             "real_run": (80, 80),
         },
+        on_request=("speed.d12_mb64_fp8", "speed.d12_mb64_chunked", "real_run"),
     )
 
 
-def speed_name(preset: str, mb: int, chunk: int = 0, fp8: bool = False) -> str:
-    return f"speed.{preset}_mb{mb}" + ("_chunked" if chunk else "") + ("_fp8" if fp8 else "")
+def speed_name(
+    preset: str, mb: int, chunk: int = 0, fp8: bool = False, scope: str = "regions",
+    mode: str = "default",
+) -> str:  # fmt: skip
+    """speed.d12_mb64, with _chunked, _fp8, _blocks or _model (train.compile_scope other than
+    regions) and _<mode> (train.compile_mode other than default) as set."""
+    name = f"speed.{preset}_mb{mb}" + ("_chunked" if chunk else "") + ("_fp8" if fp8 else "")
+    name += "" if scope == "regions" else f"_{scope}"
+    return name + ("" if mode == "default" else f"_{mode}")
 
 
 # ---- run in subprocesses (`--internal KIND`): CUDA never starts in the main process ------------
@@ -440,7 +514,9 @@ class Check:
         os.replace(tmp, self.json_path)
 
     def selected(self, name: str) -> bool:
-        if not self.args.parts or name == "env":  # env: the context of any figure
+        if not self.args.parts:  # the default parts
+            return name not in self.plan.on_request
+        if name == "env":  # env: the context of any figure
             return True
         wanted = set(self.args.parts)
         if name == "data" and any(
@@ -459,6 +535,8 @@ class Check:
         record: dict[str, Any] = {"started_s": round(self.elapsed(), 1)}
         if skip_reason is None and not self.selected(name):
             skip_reason = "not in --parts"
+            if not self.args.parts:
+                skip_reason = "on request: name it in --parts (a second call)"
         if skip_reason is None and left < estimate:
             skip_reason = f"would exceed --deadline: needs ~{estimate:.0f} s, {left:.0f} s left"
         if skip_reason is not None:
@@ -870,12 +948,13 @@ class Check:
             raise PartFailed("; ".join(details["problems"]), details)
         return details
 
-    def part_speed(self, preset: str, mb: int, chunk: int, fp8: bool) -> dict:
-        name = speed_name(preset, mb, chunk, fp8)
+    def part_speed(self, spec: Speed) -> dict:
+        name, preset, mb = spec.name, spec.preset, spec.mb
         path = self.work / f"{name}.json"
         base = [sys.executable, str(GPU_TRAIN), "--preset", preset, "--micro-batches", str(mb)]
-        base += self.plan.speed_args + ["--loss-chunk-tokens", str(chunk), "--json", str(path)]
-        base += ["--fp8"] if fp8 else []
+        base += self.plan.speed_args + ["--loss-chunk-tokens", str(spec.chunk), "--json", str(path)]
+        base += ["--compile-scope", spec.scope, "--compile-mode", spec.mode]
+        base += ["--fp8"] if spec.fp8 else []
         if self.plan.device == "cuda" and not self.state.get("peak_flops"):
             base += ["--peak-flops", str(H200_PEAK)]  # a GPU lmpipe.hardware does not know
         compiled = "--no-compile" not in base and self.compile_ok
@@ -889,7 +968,7 @@ class Check:
                 raise PartFailed(f"implausible MFU {r['mfu']:.4g}", r)
             return r
         failure = {"exit": rc, "output_tail": output[-4000:]}
-        if not compiled or not any(word in output for word in COMPILE_ERRORS):
+        if not compiled or spec.trial or not any(word in output for word in COMPILE_ERRORS):
             raise PartFailed(f"gpu_train exited {rc} without a result", failure)
         # the compiled run crashed: is it compilation? One eager try, then later parts go eager
         self.compile_ok = False
@@ -1004,26 +1083,28 @@ class Check:
         self.part("correctness.first_step", self.part_first_step)
         self.part("correctness.resume", self.part_resume)
         self.part("correctness.convert", self.part_convert)
-        first = self.plan.speed[0][:2]  # the run's own size: plain, then in chunks
+        first = self.plan.speed[0]  # the run's own size: its variants, in order
         for spec in self.plan.speed:
-            if spec[:2] == first:
+            if (spec.preset, spec.mb) == (first.preset, first.mb):
                 self.speed_part(spec)
         self.part("real_run", self.part_real_run)  # before the other sizes: it matters more
         for spec in self.plan.speed:
-            if spec[:2] != first:
+            if (spec.preset, spec.mb) != (first.preset, first.mb):
                 self.speed_part(spec)
         return self.finish()
 
-    def speed_part(self, spec: tuple[str, int, int, bool]) -> None:
-        """One speed part; FP8's skipped, not failed, where torchao is not installed (the GPU
-        image may lack it)."""
-        fp8 = spec[3]
-        absent = fp8 and importlib.util.find_spec("torchao") is None
-        self.part(
-            speed_name(*spec),
-            partial(self.part_speed, *spec),
-            skip_reason="torchao not installed" if absent else None,
-        )
+    def speed_part(self, spec: Speed) -> None:
+        """One speed part; skipped, not failed, where it cannot run here: FP8 where torchao is
+        not installed (the GPU image may lack it), CUDA graphs off CUDA (the trainer's line),
+        a compile trial where torch.compile failed earlier."""
+        reason = None
+        if spec.fp8 and importlib.util.find_spec("torchao") is None:
+            reason = "torchao not installed"
+        elif compile_problem(spec.mode, self.plan.device):
+            reason = compile_problem(spec.mode, self.plan.device)
+        elif spec.trial and not self.compile_ok:
+            reason = "torch.compile failed earlier (compile_disabled): nothing to try"
+        self.part(spec.name, partial(self.part_speed, spec), skip_reason=reason)
 
     def finish(self) -> int:
         parts = self.report["parts"]
@@ -1042,7 +1123,10 @@ class Check:
                         "mfu": round(r["mfu"], 4),
                         "peak_memory_gib": round(memory, 2),
                         "compile": r["compile"],
+                        "compile_scope": r.get("compile_scope"),
+                        "compile_mode": r.get("compile_mode"),
                         "fp8": r.get("fp8", False),
+                        "attention_kernel": r.get("attention_kernel"),
                         "flash": r.get("flash_attention_used"),
                         "status": record["status"],
                     }
@@ -1056,7 +1140,8 @@ class Check:
         for s in speed:
             self.log(
                 f"  {s['part']}: {s['tokens_per_s']:,} tokens/s, MFU {100 * s['mfu']:.1f}%,"
-                f" peak {s['peak_memory_gib']} GiB, compile {s['compile']}, flash {s['flash']}"
+                f" peak {s['peak_memory_gib']} GiB, compile {s['compile']} ({s['compile_scope']},"
+                f" {s['compile_mode']}), attention {s['attention_kernel']}"
             )
         self.logf.close()
         cap = 15 * 2**20  # what comes back from the device is capped at 16 MB a file

@@ -3,19 +3,25 @@
 The model is the trainer's own (`lmpipe.train.loop.training_model`: on a GPU the head's GEMM on
 the 50,304 padded rows, the loss as `--loss-chunk-tokens` sets it, activation checkpointing as
 `--recompute` does), with its FSDP2 wrapping (a one-rank NCCL group), bf16 mixed precision,
-per-block torch.compile, fused AdamW and clipping (`lmpipe.train.parallel`, `lmpipe.train.optim`)
-and the trainer's TF32 settings; the tokens are random (data loading is not
-what is measured). For each micro-batch size: `--warmup` steps (compilation), then `--steps` timed
-steps; prints tokens/s, MFU (llm.c's 6N + 6LCT FLOPs a token) against the GPU's dense bf16 peak
-(`lmpipe.hardware`, or `--peak-flops`), and the steady-state peak memory (the counter is reset
-after the warm-up, so compile-time allocations do not count; the warm-up's peak is reported apart).
+torch.compile as `--compile-scope` and `--compile-mode` set it (train.compile_scope: the stem,
+blocks and tail as regions by default; blocks only; the whole model), fused AdamW and clipping
+(`lmpipe.train.parallel`, `lmpipe.train.optim`) and the trainer's TF32 settings; the tokens are
+random (data loading is not what is measured). For each micro-batch size: `--warmup` steps
+(compilation), then `--steps` timed steps; prints tokens/s, MFU (llm.c's 6N + 6LCT FLOPs a
+token) against the GPU's dense bf16 peak (`lmpipe.hardware`, or `--peak-flops`), and the
+steady-state peak memory (the counter is reset after the warm-up, so compile-time allocations do
+not count; the warm-up's peak is reported apart).
 
 Each micro-batch size runs in a process of its own: Dynamo caches compiled graphs per code object,
 so a second size in the same process would be timed on a recompiled, dynamic-shape graph.
-One profiled step after the timed ones names the attention kernels that ran (flash or not).
+One profiled step after the timed ones names the attention kernels that ran (flash or not), and
+the SDPA kernel's aten op as the trainer's provenance.json names it
+(`lmpipe.models.attention.kernel_ops`).
 
     python benchmarks/gpu_train.py --micro-batches 16 32 64            # d12 (124M), seq 1024
     python benchmarks/gpu_train.py --preset d24 --micro-batches 32     # 350M
+    python benchmarks/gpu_train.py --micro-batches 64 --compile-scope model \
+        --compile-mode reduce-overhead                                  # one graph, CUDA graphs
     python benchmarks/gpu_train.py --device cpu --preset tiny --seq-len 128 --no-compile \\
         --dtype float32 --micro-batches 2 4 --warmup 2 --steps 2       # the code path, on a CPU
 
@@ -41,8 +47,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
-from lmpipe.config import ModelConfig, named_models, train_config  # noqa: E402
+from lmpipe.config import (  # noqa: E402
+    COMPILE_MODES,
+    COMPILE_SCOPES,
+    CUDA_GRAPH_MODES,
+    ModelConfig,
+    compile_problem,
+    named_models,
+    train_config,
+)
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
+from lmpipe.models.attention import kernel_ops  # noqa: E402
 from lmpipe.train.fp8 import after_optimizer_step, fp8_problem  # noqa: E402
 from lmpipe.train.loop import training_model  # noqa: E402
 from lmpipe.train.optim import build_optimizer, clip_grad_norm  # noqa: E402
@@ -96,8 +111,9 @@ def peak_flops_of(device: torch.device, given: float | None) -> float:
     return peak
 
 
-def attention_ops(step, device: torch.device) -> list[str]:
-    """Names of the attention ops and kernels one profiled step ran (e.g. the flash kernel)."""
+def attention_ops(step, device: torch.device) -> tuple[list[str], str]:
+    """One profiled step: the names of the attention ops and kernels it ran (e.g. the flash
+    kernel), and the SDPA kernel's forward aten op, as the trainer's provenance.json names it."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -107,7 +123,8 @@ def attention_ops(step, device: torch.device) -> list[str]:
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    return sorted({e.key for e in prof.key_averages() if ATTENTION_OP.search(e.key)})
+    ops = sorted({e.key for e in prof.key_averages() if ATTENTION_OP.search(e.key)})
+    return ops, ", ".join(kernel_ops(prof.events())) or "none"
 
 
 def measure(
@@ -125,6 +142,8 @@ def measure(
     loss_chunk_tokens: int = 0,
     recompute: str = "none",
     fp8: bool = False,
+    compile_scope: str = "regions",
+    compile_mode: str = "default",
 ) -> dict:
     """Time `steps` training steps of `preset` at `micro_batch` x `seq_len` after `warmup` ones.
 
@@ -143,10 +162,14 @@ def measure(
             "max_steps": warmup + steps, "dtype": dtype, "compile": compile,
             "optimizer": {"name": "adamw", "lr": 6e-4, "fused": fused},
             "loss_chunk_tokens": loss_chunk_tokens, "activation_checkpointing": recompute,
-            "fp8": fp8,
+            "fp8": fp8, "compile_scope": compile_scope, "compile_mode": compile_mode,
         },
         "gpu_train",
     )  # fmt: skip
+    problem = compile_problem(compile_mode, device.type)  # the trainer's own refusal (CUDA graphs)
+    if problem:
+        raise ValueError(problem)
+    cuda_graphs = compile and compile_mode in CUDA_GRAPH_MODES
     # the trainer's own model: its padded head on a GPU, its loss, sharding, compile, recompute
     model, _ = training_model(config, tc, device)
     optimizer = build_optimizer(model, tc.optimizer)
@@ -158,6 +181,8 @@ def measure(
             torch.cuda.synchronize(device)
 
     def step() -> None:
+        if cuda_graphs:  # as the trainer: a new replay of the graphs each forward
+            torch.compiler.cudagraph_mark_step_begin()
         _, loss = model(x, y)
         loss.backward()
         clip_grad_norm(model, 1.0)
@@ -196,6 +221,9 @@ def measure(
         "mfu": flops_per_token * tokens_per_s / peak,
         "dtype": dtype,
         "compile": compile,
+        "compile_scope": compile_scope,  # train.compile_scope, train.compile_mode
+        "compile_mode": compile_mode,
+        "compiled": list(model.compiled),  # what lmpipe.train.parallel compiled
         "fused_adamw": fused,
         "loss_chunk_tokens": loss_chunk_tokens,
         "fp8": fp8,  # train.fp8: the blocks' linears in torchao's float8 (emulated off CUDA)
@@ -210,8 +238,9 @@ def measure(
         result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     if profile:
         try:
-            ops = attention_ops(step, device)
+            ops, kernel = attention_ops(step, device)
             result["attention_ops"] = ops
+            result["attention_kernel"] = kernel  # as provenance.json's attention_kernel
             result["flash_attention_used"] = any("flash" in op.lower() for op in ops)
         except Exception as e:  # the profiler is a diagnosis, not the measurement
             result["attention_ops"] = f"profiler failed: {type(e).__name__}: {e}"
@@ -224,7 +253,7 @@ def in_subprocess(mb: int, args: argparse.Namespace) -> dict:
         path = Path(tmp) / "result.json"
         cmd = [sys.executable, __file__, "--micro-batches", str(mb), "--json", str(path)]
         keys = ("preset", "seq_len", "warmup", "steps", "device", "dtype", "peak_flops")
-        for key in (*keys, "loss_chunk_tokens", "recompute"):
+        for key in (*keys, "loss_chunk_tokens", "recompute", "compile_scope", "compile_mode"):
             value = getattr(args, key)
             if value is not None:
                 cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -249,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
         "--peak-flops", type=float, help="default: the GPU's dense bf16 peak (lmpipe.hardware)"
     )
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--compile-scope", default="regions", choices=COMPILE_SCOPES, help="train.compile_scope"
+    )
+    parser.add_argument(
+        "--compile-mode", default="default", choices=COMPILE_MODES,
+        help="train.compile_mode (reduce-overhead, max-autotune: CUDA graphs)",
+    )  # fmt: skip
     parser.add_argument(
         "--loss-chunk-tokens", type=int, default=0, help="train.loss_chunk_tokens (0: plain head)"
     )
@@ -281,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     steps=args.steps, dtype=args.dtype, compile=not args.no_compile,
                     peak_flops=args.peak_flops, profile=not args.no_profile,
                     loss_chunk_tokens=args.loss_chunk_tokens, recompute=args.recompute,
-                    fp8=args.fp8,
+                    fp8=args.fp8, compile_scope=args.compile_scope, compile_mode=args.compile_mode,
                 )  # fmt: skip
                 results = [r | {"device_name": info["device_name"], "device_info": info}]
             except torch.OutOfMemoryError:

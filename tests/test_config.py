@@ -343,6 +343,30 @@ def test_checkpoint_async_is_in_the_train_params_only_when_on():
     assert "checkpoint_async" in NOT_TRAJECTORY  # a resumed run may switch it
 
 
+def test_the_compile_scope_and_mode_are_in_a_runs_params_and_hash_only_when_set():
+    """At their defaults (regions, default) a compiled run's params and its trajectory's hash
+    are what they were before the keys existed: it neither reruns nor restarts."""
+    from lmpipe.config import TrainJob
+    from lmpipe.train.loop import Task, trajectory_hash
+
+    config = schema.load_config(CONFIG)
+    off = json.loads(lmconfig.train_params(config, "124m"))
+    assert off["train"]["compile"] is True
+    assert not {"compile_scope", "compile_mode"} & off["train"].keys()
+    changed = {"compile_scope": "model", "compile_mode": "reduce-overhead"}
+    config["runs"]["124m"]["train"] |= changed
+    on = json.loads(lmconfig.train_params(config, "124m"))
+    assert {k: on["train"][k] for k in changed} == changed
+
+    def digest(params: dict) -> str:
+        job = TrainJob.from_json(json.dumps(params))
+        return trajectory_hash(job, Task(job.train, None, [], "data"), 8)
+
+    before = copy.deepcopy(off)
+    before["train"] |= {"compile_scope": "regions", "compile_mode": "default"}  # as filled in
+    assert digest(before) == digest(off) != digest(on)
+
+
 def test_one_gres_builder_for_the_train_rule_and_the_derived_resources():
     gpu = lmconfig.LaunchConfig(device="cuda", procs_per_node=8, gpu_model="a100")
     assert gpu.gres(gpu.procs_per_node) == "gpu:a100:8" and gpu.gres(1) == "gpu:a100:1"

@@ -214,6 +214,29 @@ CASES = {
         "runs.embedded/lr=1e-3_model=tiny_seq_len=256.train.seq_len 256 exceeds the model's"
         " block_size 128",
     ),
+    # lmpipe/schema.py, check_compile: train.compile_scope and compile_mode
+    "compile_scope_without_compile": (
+        lambda c: c["runs"]["embedded-a"]["train"].update(compile_scope="model"),
+        "runs.embedded-a.train.compile_scope is 'model' but train.compile is false",
+    ),
+    "whole_model_with_a_growing_window": (
+        lambda c: (
+            c["models"]["d12-modern"].update(attention_window=128, attention_window_final=1024)
+            or c["runs"]["speedrun-124m"]["train"].update(compile_scope="model")
+        ),
+        "runs.speedrun-124m.train.compile_scope 'model': the model's attention window grows",
+    ),
+    "cuda_graphs_on_the_cpu": (
+        lambda c: c["runs"]["embedded-a"]["train"].update(
+            compile=True, compile_mode="reduce-overhead"
+        ),
+        "runs.embedded-a: train.compile_mode 'reduce-overhead' captures CUDA graphs: launch.device"
+        " cuda only (here cpu)",
+    ),
+    "cuda_graphs_fine_tuning": (
+        lambda c: c["runs"]["vicuna-7b"]["train"].update(compile=True, compile_mode="max-autotune"),
+        "runs.vicuna-7b.train.compile_mode 'max-autotune': CUDA graphs need static shapes",
+    ),
     # explain()'s generic line through Snakemake's validate (an enum, a required key)
     "schema_enum": (
         lambda c: c["runs"]["124m"]["launch"].update(device="tpu"),

@@ -23,11 +23,15 @@ PARTS = [
     "correctness.resume",
     "correctness.convert",
     "speed.tiny_mb2",
+    "speed.tiny_mb2_blocks",
+    "speed.tiny_mb2_model",
+    "speed.tiny_mb2_model_reduce-overhead",
     "speed.tiny_mb2_fp8",
     "speed.tiny_mb2_chunked",
     "real_run",
     "speed.tiny_mb4",
 ]
+CUDA_GRAPHS = "speed.tiny_mb2_model_reduce-overhead"  # skipped on the CPU, with the trainer's line
 
 
 @pytest.mark.slow
@@ -48,7 +52,7 @@ def test_gpu_check_smoke_runs_every_part(tmp_path):
     failed = {
         name: (p["status"], p.get("error"), p.get("traceback", "")[-1500:])
         for name, p in parts.items()
-        if p["status"] != "ok"
+        if p["status"] != "ok" and name != CUDA_GRAPHS
     }
     assert not failed, f"{failed}\n{proc.stdout[-3000:]}"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -70,6 +74,17 @@ def test_gpu_check_smoke_runs_every_part(tmp_path):
         r = parts[name]["result"]
         assert r["tokens_per_s"] > 0 and 0 < r["mfu"] <= 1
         assert isinstance(r["attention_ops"], list) and r["attention_ops"]
+        assert r["attention_kernel"] == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    # train.compile_scope reaches the trainer's model (the smoke run compiles nothing); CUDA
+    # graphs are refused off CUDA with the trainer's own line
+    scopes = [parts[f"speed.tiny_mb2{s}"]["result"]["compile_scope"] for s in ("", "_blocks")]
+    assert scopes + [parts["speed.tiny_mb2_model"]["result"]["compile_scope"]] == [
+        "regions", "blocks", "model"
+    ]  # fmt: skip
+    assert parts[CUDA_GRAPHS]["status"] == "skipped"
+    assert parts[CUDA_GRAPHS]["reason"].startswith(
+        "train.compile_mode 'reduce-overhead' captures CUDA graphs: launch.device cuda only"
+    )
     assert parts["speed.tiny_mb4"]["result"]["tokens_per_s"] > 0
     # the trainer's own model: the chunked part's loss in chunks, the others' plain
     assert parts["speed.tiny_mb2_chunked"]["result"]["loss_chunk_tokens"] == 64
@@ -80,11 +95,13 @@ def test_gpu_check_smoke_runs_every_part(tmp_path):
     speed = report["summary"]["speed"]
     assert [s["part"] for s in speed] == [
         "speed.tiny_mb2",
+        "speed.tiny_mb2_blocks",
+        "speed.tiny_mb2_model",
         "speed.tiny_mb2_fp8",
         "speed.tiny_mb2_chunked",
         "speed.tiny_mb4",
     ]
-    assert [s["fp8"] for s in speed] == [False, True, False, False]
+    assert [s["fp8"] for s in speed] == [False, False, False, True, False, False]
 
     real = parts["real_run"]["result"]
     assert real["steps_done"] == 10 and real["final_written"]
@@ -127,18 +144,27 @@ def test_deadline_skips_parts_cleanly(tmp_path):
 
 
 def test_the_device_plans_budgets_end_inside_the_deadline():
-    """On the device, the parts' budgets (the most each may take) sum to under the default
-    --deadline, so the check ends inside it whatever happens; correctness runs first."""
+    """On the device, the default parts' budgets (the most each may take) sum to under the
+    default --deadline, so the check ends inside it whatever happens; correctness runs first,
+    then the 124m run's micro-batch compiled as the trainer compiles, then the blocks only, the
+    whole model, and the whole model in CUDA graphs. The on-request parts fit a second call."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     import gpu_check
 
     plan = gpu_check.plan_for(smoke=False)
     parts = ["env", "data", "correctness.first_step", "correctness.resume", "correctness.convert"]
-    parts += [gpu_check.speed_name(*s) for s in plan.speed] + ["real_run"]
+    parts += [s.name for s in plan.speed] + ["real_run"]
     assert set(plan.budgets) == set(parts)  # every part has its own budget, no default
-    assert sum(budget for _, budget in plan.budgets.values()) < gpu_check.DEFAULT_DEADLINE
+    assert set(plan.on_request) < set(parts)
+    default = [p for p in parts if p not in plan.on_request]
+    assert sum(plan.budgets[p][1] for p in default) < gpu_check.DEFAULT_DEADLINE
+    second = ["env", "data", *plan.on_request]
+    assert sum(plan.budgets[p][1] for p in second) < gpu_check.DEFAULT_DEADLINE
     assert all(estimate <= budget for estimate, budget in plan.budgets.values())
-    assert plan.speed[0][:2] == ("d12", 64)  # the 124m run's micro-batch first
+    assert [s.name for s in plan.speed if s.name in default] == [
+        "speed.d12_mb64", "speed.d12_mb64_blocks", "speed.d12_mb64_model",
+        "speed.d12_mb64_model_reduce-overhead",
+    ]  # fmt: skip
 
 
 def test_the_fp8_part_is_skipped_where_torchao_is_absent(tmp_path):
@@ -158,3 +184,24 @@ def test_the_fp8_part_is_skipped_where_torchao_is_absent(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     part = json.loads((out / "gpu_check.json").read_text())["parts"]["speed.tiny_mb2_fp8"]
     assert part == part | {"status": "skipped", "reason": "torchao not installed"}
+
+
+def test_the_on_request_parts_wait_for_parts_to_name_them(tmp_path):
+    """The device plan (nothing runs: the deadline has passed): FP8, the chunked head and the
+    real run are skipped as on request, every other part for the deadline, in the plan's order."""
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "workflow"))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--deadline", "0", "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    parts = json.loads((out / "gpu_check.json").read_text())["parts"]
+    on_request = ["speed.d12_mb64_fp8", "speed.d12_mb64_chunked", "real_run"]
+    assert list(parts)[5:] == [
+        "speed.d12_mb64", "speed.d12_mb64_blocks", "speed.d12_mb64_model",
+        "speed.d12_mb64_model_reduce-overhead", *on_request,
+    ]  # fmt: skip
+    for name, part in parts.items():
+        why = "on request: name it in --parts" if name in on_request else "would exceed"
+        assert part["status"] == "skipped" and part["reason"].startswith(why), (name, part)

@@ -364,8 +364,9 @@ def test_the_loop_sets_the_windows_progress_each_step(tmp_path, monkeypatch):
     model = MODEL | {"arch": "modern", "attention_window": 128, "attention_window_final": 256}
     job = dataclasses.replace(train_job(), model=modern_config(**model))
     train_in_process(job, tiny_data(tmp_path), tmp_path / "out")
-    # validation at step 0 (2 batches), then 4 steps of 2 micro-steps, then validation at 4
-    assert seen == [0.0] * 4 + [0.25] * 2 + [0.5] * 2 + [0.75] * 2 + [1.0] * 2
+    # the attention kernel's profiled forward (provenance.json) and validation at step 0 (2
+    # batches), then 4 steps of 2 micro-steps, then validation at 4
+    assert seen == [0.0] * 5 + [0.25] * 2 + [0.5] * 2 + [0.75] * 2 + [1.0] * 2
 
 
 # ---- each switch ---------------------------------------------------------------------------------

@@ -669,3 +669,21 @@ def test_fp8_is_refused_in_one_line_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(fp8.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match="torchao is not installed"):
         check_fp8(job_of(cuda))
+
+
+def test_cuda_graphs_are_refused_in_one_line_off_cuda():
+    """train.compile_mode with CUDA graphs stops a CPU job before the model is built (the config
+    check refuses it before any job too: tests/test_config_errors.py)."""
+    from lmpipe.train.loop import check_compile
+
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(RuntimeError) as refused:
+            check_compile(job_of(config(1, compile=True, compile_mode=mode)))
+        line = str(refused.value)
+        assert "\n" not in line
+        assert line.startswith(f"runs.test: train.compile_mode '{mode}' captures CUDA graphs")
+    for mode in ("default", "max-autotune-no-cudagraphs"):
+        check_compile(job_of(config(1, compile=True, compile_mode=mode)))
+    cuda = config(1, compile=True, compile_mode="reduce-overhead")
+    cuda["launch"]["device"] = "cuda"
+    check_compile(job_of(cuda))

@@ -224,6 +224,23 @@ class ScheduleConfig:
     )
 
 
+# train.compile_scope and train.compile_mode (lmpipe.train.parallel compiles accordingly)
+COMPILE_SCOPES = ("regions", "blocks", "model")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile's modes with CUDA graphs
+
+
+def compile_problem(mode: str, device: str) -> str | None:
+    """Why train.compile_mode `mode` cannot run on `device` (None: it can), in one line: CUDA
+    graphs are the GPU's."""
+    if mode in CUDA_GRAPH_MODES and device != "cuda":
+        return (
+            f"train.compile_mode {mode!r} captures CUDA graphs: launch.device cuda only (here"
+            f" {device}); default or max-autotune-no-cudagraphs run anywhere"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class FSDPConfig:
     """How FSDP2 shards the model (lmpipe.train.parallel); docs/fsdp.md argues the defaults from
@@ -284,6 +301,21 @@ class TrainConfig:
     )
     dtype: str = setting("float32", "the compute dtype", enum=["float32", "bfloat16"])
     compile: bool = setting(False, "torch.compile the model")
+    compile_scope: str = setting(
+        "regions",
+        "what train.compile compiles (lmpipe.train.parallel): regions (the stem, each block and"
+        " the tail, final norm -> LM head -> loss, each alone); blocks (each block and the loss"
+        " alone, the stem and final norm eager); model (the whole model as one graph, sharded"
+        " by FSDP2 as one unit)",
+        enum=list(COMPILE_SCOPES),
+    )
+    compile_mode: str = setting(
+        "default",
+        "torch.compile's mode for every compiled part: default; reduce-overhead (CUDA graphs);"
+        " max-autotune-no-cudagraphs; max-autotune (autotuned kernels and CUDA graphs). CUDA"
+        " graphs need launch.device cuda",
+        enum=list(COMPILE_MODES),
+    )
     fp8: bool = setting(
         False,
         "the blocks' linears in FP8 (torchao float8, tensorwise scaling; FSDP2 all-gathers their"
@@ -813,6 +845,8 @@ ADDED_TRAIN_KEYS = {
     "activation_checkpointing": "none",
     "fp8": False,
     "attention_backend": "auto",
+    "compile_scope": "regions",
+    "compile_mode": "default",
 }
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
 ADDED_OPTIMIZER_KEYS = {

@@ -31,7 +31,10 @@ from jsonschema import ValidationError
 
 from lmpipe import config_schema, sweeps
 from lmpipe.config import (
+    ADDED_TRAIN_KEYS,
+    CUDA_GRAPH_MODES,
     ConfigError,
+    compile_problem,
     did_you_mean,
     is_conversations,
     is_fine_tuning,
@@ -365,6 +368,34 @@ def check_models(config: dict[str, Any]) -> None:
             raise ConfigError(f"models.{name}: padded_vocab_size is below vocab_size")
 
 
+def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
+    """train.compile_scope and compile_mode: meaningful only under compile; the whole model
+    compiled never with a growing attention window; CUDA graphs on CUDA only, and never for
+    fine-tuning, whose head runs on a count of positions that changes each step (a CUDA graph
+    holds one shape)."""
+    t = rc.train
+    for key in ("compile_scope", "compile_mode"):
+        if not t.compile and getattr(t, key) != ADDED_TRAIN_KEYS[key]:
+            raise ConfigError(
+                f"{where}.train.{key} is {getattr(t, key)!r} but train.compile is false: set"
+                " compile: true, or leave the key out"
+            )
+    if t.compile and t.compile_scope == "model" and rc.model.attention_window_final is not None:
+        raise ConfigError(
+            f"{where}.train.compile_scope 'model': the model's attention window grows during"
+            " training (attention_window_final), and the whole graph would recompile at each"
+            " new window; regions builds the window's mask outside the compiled graphs"
+        )
+    problem = compile_problem(t.compile_mode, rc.launch.device)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
+    if fine_tuning and t.compile_mode in CUDA_GRAPH_MODES:
+        raise ConfigError(
+            f"{where}.train.compile_mode {t.compile_mode!r}: CUDA graphs need static shapes, and"
+            " a fine-tuning run's head runs on the counted positions, a count a step"
+        )
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     check_datasets(config)
@@ -404,6 +435,7 @@ def check_config(config: dict[str, Any]) -> None:
             rc.train.grad_accum_steps(rc.launch.world_size)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+        check_compile(where, rc, fine_tuning=is_fine_tuning(config, name))
         sched = rc.train.schedule
         if rc.train.max_steps and sched.warmup_steps + sched.cooldown_steps > rc.train.max_steps:
             raise ConfigError(

@@ -9,6 +9,10 @@ nn.Module that knows nothing of parallelism and offers what the trainer and eval
   (scorers that need the head at a few positions only); positions (B, T) and a boolean
   attention mask (B, 1, T, T) for packed scoring rows (lmpipe.eval.packing), causal by default;
 - `blocks()`: the repeated blocks, which FSDP shards (and compile compiles) one by one;
+- optionally `embed(idx, positions=None)`, the stem before the blocks, and `head_loss(x,
+  targets)`, the tail after them (final norm -> LM head -> loss, from the blocks' output): where
+  a model has them, train.compile_scope `regions` compiles each as a region of its own
+  (lmpipe.train.parallel; gpt2 and modern have them, hf not);
 - `init_weights()`, `num_params()`, `flops_per_token(seq_len)`, `head_flops_per_token()`,
   `loss_fn`, the head + loss the forward trains with (lmpipe.models.head_loss: plain, compiled or
   in chunks, as the trainer sets it), and the `head_on_counted_only` switch (fine-tuning: the

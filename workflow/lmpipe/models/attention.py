@@ -1,11 +1,14 @@
 """Self-attention's one switch, shared by the architectures: causal, or under a given mask, with
 the SDPA backend `train.attention_backend` chose (torch.nn.attention.sdpa_kernel); or, under a
 FlexAttention BlockMask (a modern model's document mask and sliding window on CUDA), torch's
-flex_attention, compiled as modded-nanogpt's records run it."""
+flex_attention, compiled as modded-nanogpt's records run it; and which kernel then ran, read off
+torch.profiler (`kernel_that_runs`)."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,9 +24,15 @@ BACKENDS: dict[str, SDPBackend | None] = {
     "math": SDPBackend.MATH,
 }
 CPU_BACKENDS = ("auto", "flash", "math")  # PyTorch's CPU has a flash kernel and math only
+# the aten ops of SDPA's kernels share this prefix: _scaled_dot_product_flash_attention (and
+# _for_cpu), _efficient_attention, _cudnn_attention, _attention_math; the op SDPA dispatches to
+# (aten::scaled_dot_product_attention) does not have it
+KERNEL_OP = "aten::_scaled_dot_product_"
 _chosen: SDPBackend | None = None
 FLEX_OFF_CUDA = False  # tests set it: FlexAttention's masks on the CPU too, eager (flex_on)
+FLEX_KERNEL = "flex_attention"  # what kernel_that_runs names FlexAttention (no aten op of its own)
 _compiled_flex = None
+_flex_calls = 0  # flex's eager calls (kernel_that_runs reads it; compiled code never counts)
 
 
 def backend_problem(name: str, device: torch.device) -> str | None:
@@ -53,7 +62,9 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> 
     """flex_attention under `mask`, compiled on CUDA (as modded-nanogpt's records, whose model is
     torch.compile'd: unfused, eager flex_attention materialises the scores), eager elsewhere.
     q, k, v in one dtype: autocast's when on (SDPA casts so itself), else their common one."""
-    global _compiled_flex
+    global _compiled_flex, _flex_calls
+    if not torch.compiler.is_compiling():  # a traced count would guard on it: a recompile a call
+        _flex_calls += 1
     kind = q.device.type
     if torch.is_autocast_enabled(kind):
         dtype = torch.get_autocast_dtype(kind)
@@ -80,3 +91,24 @@ def attend(
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def kernel_ops(events: Iterable[Any]) -> list[str]:
+    """The SDPA kernels' forward aten ops among torch.profiler events (`prof.events()`), e.g.
+    aten::_scaled_dot_product_flash_attention; sorted, each once."""
+    return sorted(
+        {e.name for e in events if e.name.startswith(KERNEL_OP) and "backward" not in e.name}
+    )
+
+
+def kernel_that_runs(forward: Callable[[], Any]) -> str:
+    """The attention kernel that one eager call of `forward` runs, as torch.profiler names SDPA's
+    aten op, or FLEX_KERNEL where FlexAttention ran (several joined by ", "; "none" where no
+    attention ran): what ran, where train.attention_backend is what was asked."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flex_before = _flex_calls
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        forward()
+    ops = kernel_ops(prof.events()) + ([FLEX_KERNEL] if _flex_calls > flex_before else [])
+    return ", ".join(ops) or "none"

@@ -116,7 +116,13 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 def loss_function(chunk_tokens: int, compile: bool) -> LossFn:
     """The head + loss a model trains with: plain (chunk_tokens 0) or in chunks of that many
-    positions; compiled where `compile` (the plain one whole, the chunked one's step)."""
+    positions; compiled where `compile` (the plain one whole, the chunked one's step).
+
+    Uncompiled, the plain one is traced into whatever compiled region calls it (the model's
+    tail, lmpipe.train.parallel). The compiled chunked one is never traced by an enclosing
+    region (torch.compiler.disable): its loop over chunks would unroll into that region's graph,
+    and with a count of positions that changes each step (fine-tuning's counted-only head)
+    recompile each step; its step is compiled on its own instead."""
     if chunk_tokens <= 0:
         return torch.compile(linear_cross_entropy) if compile else linear_cross_entropy
     step = torch.compile(chunk_step) if compile else chunk_step
@@ -126,5 +132,7 @@ def loss_function(chunk_tokens: int, compile: bool) -> LossFn:
             x, weight, targets, vocab_size, softcap, chunk_tokens, step
         )
 
+    if compile:
+        chunked = torch.compiler.disable(chunked)
     chunked.chunk_tokens = chunk_tokens  # what the trainer's provenance.json reads back
     return chunked

@@ -37,11 +37,13 @@ import torch.distributed as dist
 
 from lmpipe import provenance
 from lmpipe.config import (
+    CUDA_GRAPH_MODES,
     ModelConfig,
     TrainConfig,
     TrainJob,
     WandbConfig,
     build,
+    compile_problem,
     model_settings,
     settings_hash,
     without_added_keys,
@@ -57,7 +59,14 @@ from lmpipe.train.checkpoint import Checkpointer, save_final
 from lmpipe.train.evaluators import Evaluator, build_evaluators
 from lmpipe.train.metrics import Metrics, WandbRun
 from lmpipe.train.optim import build_optimizer, clip_grad_norm, lr_at
-from lmpipe.train.parallel import Dist, die_with_parent, init_distributed, local_numel, parallelize
+from lmpipe.train.parallel import (
+    Dist,
+    die_with_parent,
+    init_distributed,
+    local_numel,
+    loss_compiled_alone,
+    parallelize,
+)
 from lmpipe.train.wandb_log import run_config as wandb_config
 
 log = logging.getLogger("lmpipe.train")
@@ -161,6 +170,7 @@ def evaluate(
     """Mean validation loss over this rank's batches, averaged over the data-parallel ranks."""
     total = torch.zeros((), device=device)
     for x, y in batches:
+        torch.compiler.cudagraph_mark_step_begin()  # (CUDA graphs: a new replay; else a no-op)
         _, loss = model(x.to(device), y.to(device))
         total += loss
     dist.all_reduce(total, group=group)  # SUM (gloo has no AVG)
@@ -173,6 +183,14 @@ def check_attention(job: TrainJob) -> None:
     problem = attention.backend_problem(
         job.train.attention_backend, torch.device(job.launch.device)
     )
+    if problem is not None:
+        raise RuntimeError(f"runs.{job.run}: {problem}")
+
+
+def check_compile(job: TrainJob) -> None:
+    """train.compile_mode refused in one line where it cannot run (CUDA graphs off CUDA),
+    before the model is built."""
+    problem = compile_problem(job.train.compile_mode, job.launch.device)
     if problem is not None:
         raise RuntimeError(f"runs.{job.run}: {problem}")
 
@@ -205,32 +223,54 @@ def training_model(
     """The model as the trainer trains it, and its starting weights' identity (None: random):
     seeded (every rank the same full weights before sharding), the head and loss as the device
     and settings want (the padded head's aligned GEMMs on a GPU, as llm.c; the chunked loss),
-    sharded, compiled and recomputed as set. benchmarks/gpu_train.py measures this model."""
+    sharded, compiled (train.compile_scope, compile_mode) and recomputed as set.
+    benchmarks/gpu_train.py measures this model."""
     torch.manual_seed(tc.seed)
     model = build_model(config)
     model.head_on_counted_only = sparse_targets
     model.padded_head_matmul = device.type == "cuda"
     identity = init(model) if init is not None else None
-    model.loss_fn = loss_function(tc.loss_chunk_tokens, tc.compile)
+    alone = loss_compiled_alone(model, tc.compile, tc.compile_scope, tc.loss_chunk_tokens)
+    model.loss_fn = loss_function(tc.loss_chunk_tokens, alone)
     attention.use_backend(tc.attention_backend)  # every attend of this process
     if tc.fp8:
         fp8.convert_blocks(model, device)  # before sharding: FSDP2 all-gathers float8 weights
     model = parallelize(
-        model, device, tc.dtype, tc.compile, tc.fsdp, mesh, tc.activation_checkpointing
-    )
+        model, device, tc.dtype, tc.compile, tc.fsdp, mesh, tc.activation_checkpointing,
+        tc.compile_scope, tc.compile_mode,
+    )  # fmt: skip
     return model, identity
 
 
+def attention_kernel(model: torch.nn.Module, seq_len: int, device: torch.device) -> str:
+    """The attention kernel the model runs (lmpipe.models.attention.kernel_that_runs), from one
+    profiled forward of a (1, min(seq_len, 1024)) batch: no gradients, eager (that shape never
+    reaches a compiled graph; and eager FlexAttention holds all the scores: 51 GB or more at a
+    65,536-token row), on every rank (FSDP gathers the weights)."""
+    idx = torch.zeros((1, min(seq_len, 1024)), dtype=torch.long, device=device)
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        return attention.kernel_that_runs(lambda: model(idx))
+
+
 def write_provenance(
-    job: TrainJob, model: torch.nn.Module, d: Dist, digest: str, peak: float, out: Path
+    job: TrainJob,
+    model: torch.nn.Module,
+    d: Dist,
+    digest: str,
+    peak: float,
+    out: Path,
+    seq_len: int,
 ) -> None:
-    """provenance.json: code, packages, hosts and how the parameters are spread over the ranks."""
+    """provenance.json: code, packages, hosts, how the parameters are spread over the ranks, and
+    the attention kernel that runs (a profiled forward, after the parameters are counted: FSDP
+    leaves the root's gathered after a forward until the next backward)."""
     hosts, held = [None] * d.world_size, [None] * d.world_size
     dist.all_gather_object(hosts, socket.gethostname())
     # each rank's SLURM node name (None outside SLURM): test slurmds on one machine share a host
     slurm_nodes = [None] * d.world_size
     dist.all_gather_object(slurm_nodes, os.environ.get("SLURMD_NODENAME"))
     dist.all_gather_object(held, local_numel(model))  # parameter elements each rank holds
+    kernel = attention_kernel(model, seq_len, d.device)
     if d.is_main:
         prov = (
             provenance.collect()
@@ -248,7 +288,9 @@ def write_provenance(
                 # lmpipe.train.parallel.recompute_blocks)
                 "loss_chunk_tokens": getattr(model.loss_fn, "chunk_tokens", 0),
                 "recompute": [getattr(b.forward, "recompute", "none") for b in model.blocks()],
-                "attention_backend": job.train.attention_backend,
+                "attention_backend": job.train.attention_backend,  # the setting
+                "attention_kernel": kernel,  # the SDPA kernel that ran (attention_kernel)
+                "compiled": list(getattr(model, "compiled", ())),  # lmpipe.train.parallel
             }
             | fp8.describe(model, d.device)
         )
@@ -300,6 +342,7 @@ class Trainer:
             torch.set_float32_matmul_precision("high")  # TF32 matmuls
             torch.backends.cudnn.allow_tf32 = True
         self.model = self.build_model()
+        self.cuda_graphs = tc.compile and tc.compile_mode in CUDA_GRAPH_MODES
         self.flops_per_token = self.model.flops_per_token(tc.seq_len)
         self.head_flops_per_token = self.model.head_flops_per_token()
         self.optimizer = build_optimizer(self.model, tc.optimizer)
@@ -342,7 +385,8 @@ class Trainer:
         )
         self.metrics = Metrics(self.out, self.progress.step, d.is_main, w)
         self.attempt.start(self.progress.step, resume, d.world_size, self.digest, fresh_start)
-        write_provenance(self.job, self.model, d, self.digest, self.peak, self.out)
+        self.set_progress()  # (a modern model's attention window: the step's)
+        write_provenance(self.job, self.model, d, self.digest, self.peak, self.out, tc.seq_len)
         if d.is_main:
             log.info(
                 "%s: %d parameters, %d ranks x %d micro-batches x %d x %d = %d tokens a step;"
@@ -416,6 +460,8 @@ class Trainer:
         for _ in range(self.accum):
             x, y = self.loader.next_batch()
             x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+            if self.cuda_graphs:  # a new replay of the graphs: the last one's outputs are done
+                torch.compiler.cudagraph_mark_step_begin()
             _, loss = self.model(x, y)
             loss = loss / self.accum  # the gradient of the mean over the whole step
             loss_accum += loss.detach()
@@ -533,6 +579,7 @@ def run(
     """Run (or resume) the training of one run; returns the process exit code. `evaluators`: the
     evaluations during training (lmpipe.train.evaluators); `wandb`: logging.wandb."""
     check_compiler(job)
+    check_compile(job)
     check_fp8(job)
     check_attention(job)
     trainer = Trainer(job, task, out, d, list(evaluators or []))

@@ -148,6 +148,25 @@ def recompute_blocks(blocks: list[torch.nn.Module], mode: str) -> None:
         block.forward = recomputed
 
 
+# a model's stem and tail (lmpipe.models: `embed`, and `head_loss`, the final norm -> LM head ->
+# loss), compiled as regions of their own where the architecture has them (gpt2, modern; the hf
+# architecture's forward is the transformers model's, and only its blocks and loss compile)
+REGIONS = ("embed", "head_loss")
+
+
+def loss_compiled_alone(model: torch.nn.Module, compile: bool, scope: str, chunk: int) -> bool:
+    """Whether the loss (lmpipe.models.head_loss.loss_function) is compiled on its own: under
+    compile, unless a compiled graph that calls it traces it (the tail region, the whole model);
+    the chunked loss always (its step alone: the loop over chunks is never traced)."""
+    if not compile:
+        return False
+    if chunk > 0:
+        return True
+    if scope == "model":
+        return False
+    return not (scope == "regions" and hasattr(model, "head_loss"))
+
+
 def parallelize(
     model: torch.nn.Module,
     device: torch.device,
@@ -156,34 +175,73 @@ def parallelize(
     fsdp: FSDPConfig | None = None,
     mesh: DeviceMesh | None = None,
     activation_checkpointing: str = "none",
+    compile_scope: str = "regions",
+    compile_mode: str = "default",
 ) -> torch.nn.Module:
     """Recompute (activation checkpointing, optional) and compile (optional) each block, then
     shard blocks and root over the data-parallel mesh (`Dist.mesh`; None: a 1-D one over every
-    rank, as init_distributed makes), in torchtitan's order.
+    rank, as init_distributed makes), in torchtitan's order (pytorch/torchtitan,
+    torchtitan/models/llama3/infra/parallelize.py: apply_ac, then apply_compile, a
+    `torch.compile` per TransformerBlock "after AC wrapping and before FSDP", then apply_fsdp);
+    then the rest of what `compile_scope` compiles (compile_after_sharding).
 
-    Per-block `Module.compile()` keeps parameter names unprefixed (no `_orig_mod.`), so state
-    dicts and checkpoints read the same with or without compile. With `prefetch_blocks` k, each
-    block starts the all-gather of the k blocks after it in forward (before it in backward), so
-    the communication overlaps the current block's compute.
+    `Module.compile()` and compiled bound methods keep parameter names unprefixed (no
+    `_orig_mod.`), so state dicts and checkpoints read the same with or without compile. With
+    `prefetch_blocks` k, each block starts the all-gather of the k blocks after it in forward
+    (before it in backward), so the communication overlaps the current block's compute. The
+    model's `compiled` attribute names what was compiled (provenance.json reads it).
     """
     fsdp = fsdp or FSDPConfig()
     mesh = mesh if mesh is not None else dp_mesh(device.type)
     mp = mixed_precision(device.type, dtype, fsdp.reduce_dtype)
-    blocks = model.blocks()
-    recompute_blocks(blocks, activation_checkpointing)
+    whole = compile and compile_scope == "model"  # one FSDP unit: the root (below)
+    blocks = [] if whole else model.blocks()
+    recompute_blocks(model.blocks(), activation_checkpointing)
     for block in blocks:
         if compile:
-            block.compile()
+            block.compile(mode=compile_mode)
         fully_shard(
             block, mesh=mesh, mp_policy=mp, reshard_after_forward=fsdp.reshard_after_forward
         )
     fully_shard(model, mesh=mesh, mp_policy=mp)  # moves the parameters to `device`
+    model.compiled = compile_after_sharding(model, compile, compile_scope, compile_mode)
     k = fsdp.prefetch_blocks
     if k > 0:
         for i, block in enumerate(blocks):
             block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + k])
             block.set_modules_to_backward_prefetch(blocks[max(0, i - k) : i][::-1])
     return model
+
+
+def compile_after_sharding(
+    model: torch.nn.Module, compile: bool, scope: str, mode: str
+) -> tuple[str, ...]:
+    """What train.compile_scope compiles besides the blocks (compiled before sharding), with
+    torch.compile's `mode` (train.compile_mode; CUDA graphs: reduce-overhead); what is compiled:
+
+    - `regions`: each block, and the model's stem (`embed`) and tail (`head_loss`: final norm,
+      LM head and loss as one function, where torchtitan compiles its loss alone:
+      torchtitan/components/loss.py, build_cross_entropy_loss), each a compiled region of its
+      own, so that nothing but the FSDP hooks between them runs eagerly;
+    - `blocks`: each block only (the loss compiled alone: training_model);
+    - `model`: the whole model as one graph, compiled after sharding as torchtitan's
+      apply_compile suggests ("Alternatively one can compile the whole model (after applying
+      DP)"). FSDP2's hooks are never traced (torch._dynamo.disable), and a hook between blocks
+      in the loop over them would make Dynamo run that loop eagerly, so the model is one FSDP
+      unit (parallelize shards the root only): its parameters are gathered whole for the step,
+      without the per-block overlap or `prefetch_blocks`.
+    """
+    if not compile:
+        return ()
+    if scope == "model":
+        model.compile(mode=mode)
+        return ("model",)
+    compiled = ["blocks"]
+    for name in REGIONS if scope == "regions" else ():
+        if hasattr(model, name):
+            setattr(model, name, torch.compile(getattr(model, name), mode=mode))
+            compiled.append(name)
+    return tuple(compiled)
 
 
 def local_numel(model: torch.nn.Module) -> int:

@@ -134,6 +134,27 @@ class GPT(nn.Module):
         saves when `head_on_counted_only` skips it."""
         return ARCHITECTURES["gpt2"].head_flops_per_token(self.config)
 
+    def embed(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The stem: token + position embeddings, (B, T) -> (B, T, C); positions 0..T-1 unless
+        given (B, T). Under train.compile a compiled region of its own (lmpipe.train.parallel)."""
+        if positions is None:
+            T = idx.size(1)
+            assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
+            positions = torch.arange(T, dtype=torch.long, device=idx.device)
+        return self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C)
+
+    def trunk(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The stem and the blocks, before the final LayerNorm: (B, T) -> (B, T, C)."""
+        x = self.embed(idx, positions)
+        for block in self.transformer.h:
+            x = block(x, mask)
+        return x
+
     def hidden_states(
         self,
         idx: torch.Tensor,
@@ -146,33 +167,31 @@ class GPT(nn.Module):
         Default: causal attention, positions 0..T-1. A packed sequence of scoring rows
         (lmpipe.eval.packing) gives each token its own position (B, T) and the tokens it may
         attend to (B, 1, T, T), and may then be longer than block_size."""
-        T = idx.size(1)
-        if positions is None:
-            assert T <= self.config.block_size, f"sequence of {T} exceeds block_size"
-            positions = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.wte(idx) + self.transformer.wpe(positions)  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x, mask)
-        return self.transformer.ln_f(x)
+        return self.transformer.ln_f(self.trunk(idx, positions, mask))
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logits (B, T, vocab_size) in fp32, None) without targets; (None, mean loss) with them.
 
-        With targets the (B*T, V) logits stay inside `loss_fn`, where compile can fuse them away.
+        With targets the (B*T, V) logits stay inside `head_loss`, where compile can fuse them away.
         """
-        x = self.hidden_states(idx)  # (B, T, C)
         if targets is None:
-            return self.head(x), None  # (B, T, V)
+            return self.head(self.hidden_states(idx)), None  # (B, T, V)
+        return None, self.head_loss(self.trunk(idx), targets)  # training: logits never leave
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The tail: final LayerNorm -> LM head -> loss, the trunk's (B, T, C) to the mean loss
+        over the counted targets. Under train.compile a compiled region of its own, so the norm,
+        the head's GEMM and the softmax fuse (llm.c's fused classifier does the same by hand)."""
+        x = self.transformer.ln_f(x)
         weight = self.lm_head.weight
         if not self.padded_head_matmul:
             weight = weight[: self.config.vocab_size]
         if self.head_on_counted_only:
             counted = targets != -1
             x, targets = x[counted], targets[counted]  # (N, C), (N,): a host sync (the shape)
-        # training: the logits never leave the loss
-        return None, self.loss_fn(x, weight, targets, self.config.vocab_size)
+        return self.loss_fn(x, weight, targets, self.config.vocab_size)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits over the real vocabulary for hidden states h (..., C) -> (..., V).

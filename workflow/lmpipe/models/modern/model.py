@@ -369,6 +369,58 @@ class ModernGPT(nn.Module):
         """The repeated blocks, in order: what parallelize shards (and compiles) one by one."""
         return list(self.transformer.h)
 
+    def embed(
+        self, idx: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor], tuple[torch.Tensor, ...] | None]:
+        """The stem: the normed token (+ position) embedding (B, T) -> (B, T, C), the value
+        embeddings' tables (B, T, C) each, and the rotary's cos and sin (None without rope).
+        Under train.compile a compiled region of its own (lmpipe.train.parallel)."""
+        c = self.config
+        T = idx.size(1)
+        if positions is None:
+            assert T <= c.block_size, f"sequence of {T} exceeds block_size"
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if not c.rope:
+            pos = torch.arange(T, device=idx.device) if positions is None else positions
+            x = x + self.transformer.wpe(pos)
+        x = self.transformer.ln_e(x)
+        tables = [table(idx) for table in self.value_embeds]
+        rope = None
+        if c.rope:
+            n = T if positions is None else int(positions.max()) + 1
+            rope = rotary(n, c.n_embd // c.n_head, c.rope_base, idx.device, c.rope_frequencies)
+            if positions is not None:
+                rope = tuple(t[positions] for t in rope)  # (B, T, hs/2) each
+        return x, tables, rope
+
+    def trunk(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The stem and the blocks, before the final norm: (B, T) -> (B, T, C)."""
+        c = self.config
+        x, tables, rope = self.embed(idx, positions)
+        x0 = x
+        if mask is None and positions is None and (c.document_mask or c.attention_window):
+            window = window_at(c, self.progress)
+            if flex_on(idx.device) and idx.size(1) % WINDOW_BLOCK == 0:  # flex: whole blocks
+                mask = document_window_block_mask(idx, c.document_mask, window)
+            else:
+                mask = document_window_mask(idx, c.document_mask, window)
+        k = c.value_embeddings  # tables 0..k-1 to blocks 0..k-1 and n_layer-k..n_layer-1
+        ve = tables + [None] * (c.n_layer - 2 * k) + tables
+        skips = []  # U-net: the encoder's outputs, added back to the decoder's inputs last first
+        encoder = c.n_layer // 2
+        for i, block in enumerate(self.transformer.h):
+            if c.unet_skips and i >= encoder:
+                x = x + self.skip_weights[i - encoder] * skips.pop()
+            x = block(x, rope, mask, x0, ve[i])
+            if c.unet_skips and i < encoder:
+                skips.append(x)
+        return x
+
     def hidden_states(
         self,
         idx: torch.Tensor,
@@ -378,55 +430,27 @@ class ModernGPT(nn.Module):
         """The trunk, up to the final norm: (B, T) -> (B, T, C). Default: causal attention,
         positions 0..T-1; a packed sequence (lmpipe.eval.packing) gives its tokens' positions
         (B, T) and the tokens each may attend to (B, 1, T, T), as GPT.hidden_states."""
-        c = self.config
-        T = idx.size(1)
-        if positions is None:
-            assert T <= c.block_size, f"sequence of {T} exceeds block_size"
-        x = self.transformer.wte(idx)  # (B, T, C)
-        if not c.rope:
-            pos = torch.arange(T, device=idx.device) if positions is None else positions
-            x = x + self.transformer.wpe(pos)
-        x = x0 = self.transformer.ln_e(x)
-        if mask is None and positions is None and (c.document_mask or c.attention_window):
-            window = window_at(c, self.progress)
-            if flex_on(idx.device) and T % WINDOW_BLOCK == 0:  # FlexAttention: whole blocks
-                mask = document_window_block_mask(idx, c.document_mask, window)
-            else:
-                mask = document_window_mask(idx, c.document_mask, window)
-        k = c.value_embeddings  # tables 0..k-1 to blocks 0..k-1 and n_layer-k..n_layer-1
-        tables = [table(idx) for table in self.value_embeds]
-        ve = tables + [None] * (c.n_layer - 2 * k) + tables
-        rope = None
-        if c.rope:
-            n = T if positions is None else int(positions.max()) + 1
-            rope = rotary(n, c.n_embd // c.n_head, c.rope_base, idx.device, c.rope_frequencies)
-            if positions is not None:
-                rope = tuple(t[positions] for t in rope)  # (B, T, hs/2) each
-        skips = []  # U-net: the encoder's outputs, added back to the decoder's inputs last first
-        encoder = c.n_layer // 2
-        for i, block in enumerate(self.transformer.h):
-            if c.unet_skips and i >= encoder:
-                x = x + self.skip_weights[i - encoder] * skips.pop()
-            x = block(x, rope, mask, x0, ve[i])
-            if c.unet_skips and i < encoder:
-                skips.append(x)
-        return self.transformer.ln_f(x)
+        return self.transformer.ln_f(self.trunk(idx, positions, mask))
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(fp32 logits (B, T, vocab_size), None) without targets; (None, mean loss) with them."""
-        x = self.hidden_states(idx)  # (B, T, C)
         if targets is None:
-            return self.head(x), None  # (B, T, V)
+            return self.head(self.hidden_states(idx)), None  # (B, T, V)
+        return None, self.head_loss(self.trunk(idx), targets)
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The tail: final norm -> LM head -> soft-capped loss, the trunk's (B, T, C) to the mean
+        loss over the counted targets (a compiled region of its own under train.compile)."""
+        x = self.transformer.ln_f(x)
         weight = self.lm_head.weight
         if not self.padded_head_matmul:
             weight = weight[: self.config.vocab_size]
         if self.head_on_counted_only:
             counted = targets != -1
             x, targets = x[counted], targets[counted]  # (N, C), (N,): a host sync (the shape)
-        loss = self.loss_fn(x, weight, targets, self.config.vocab_size, self.config.logit_softcap)
-        return None, loss
+        return self.loss_fn(x, weight, targets, self.config.vocab_size, self.config.logit_softcap)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Soft-capped fp32 logits over the real vocabulary for hidden states h (..., C)."""

@@ -1,0 +1,155 @@
+"""train.compile's scopes (lmpipe.train.parallel) on the CPU's Inductor, through the trainer's
+own model (lmpipe.train.loop.training_model) on one FSDP2 rank: the stem, the blocks and the
+tail (final norm -> LM head -> loss) compiled as regions train as the eager model does, and the
+embeddings and the final norm really run inside compiled graphs; the whole model compiled as one
+graph trains as per-block compile does. Tiny models and few steps: Inductor on 2 cores is slow."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from lmpipe.config import model_config, train_config
+from lmpipe.train.loop import training_model
+from lmpipe.train.optim import build_optimizer
+
+pytestmark = pytest.mark.slow  # Inductor compiles: ~3 min cold on 2 cores
+
+CPU = torch.device("cpu")
+SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
+VOCAB = {"vocab_size": 320, "padded_vocab_size": 384}
+STEPS = 2
+# the modules whose forward must run inside a compiled graph under `regions`, by architecture
+BLOCKS = ("transformer.h.0.ln_1", "transformer.h.1.ln_1")
+WATCHED = {
+    "gpt2": ("transformer.wte", "transformer.wpe", *BLOCKS, "transformer.ln_f"),
+    "modern": ("transformer.wte", "transformer.ln_e", *BLOCKS, "transformer.ln_f"),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    """One rank, as lmpipe.train.parallel.init_distributed makes it without torchrun."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def count(module: torch.nn.Module, args: tuple, ran: torch.Tensor) -> None:
+    """A forward pre-hook: 1 added to ran[0] where Dynamo traced the hook into a graph
+    (torch.compiler.is_compiling() is then a constant True, and the add runs with the graph
+    each time), else to ran[1]. A tensor's values are never guarded: counting recompiles
+    nothing."""
+    ran[0 if torch.compiler.is_compiling() else 1] += 1
+
+
+def train(
+    arch: str, compile: bool, scope: str = "regions", chunk: int = 0, steps: int = STEPS,
+    sparse: bool = False,
+) -> dict:  # fmt: skip
+    """`steps` AdamW steps of a tiny `arch` model as the trainer builds it: each step's loss and
+    gradients (before the update), and for each watched module how many of its forwards ran
+    inside a compiled graph and how many eagerly. `sparse`: fine-tuning's head on the counted
+    targets only, more of them each step."""
+    torch._dynamo.reset()  # no graph of an earlier model is reused or counted
+    tc = train_config(
+        {
+            "seq_len": 32, "micro_batch": 2, "batch_tokens": 64, "max_steps": steps,
+            "optimizer": {"name": "adamw", "lr": 1e-3}, "compile": compile,
+            "compile_scope": scope, "loss_chunk_tokens": chunk,
+        },
+        "train",
+    )  # fmt: skip
+    config = model_config(SHAPE | VOCAB | {"arch": arch}, "model")
+    model, _ = training_model(config, tc, CPU, sparse_targets=sparse)
+    counts = {name: torch.zeros(2, dtype=torch.long) for name in WATCHED[arch]}
+    for name in WATCHED[arch]:
+        model.get_submodule(name).register_forward_pre_hook(partial(count, ran=counts[name]))
+    optimizer = build_optimizer(model, tc.optimizer)
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, VOCAB["vocab_size"], (steps, 2, 33), generator=g)
+    targets = idx[:, :, 1:].clone()
+    if sparse:  # a prompt of 20, 18, 16, ... positions that do not count
+        for step in range(steps):
+            targets[step, :, : 20 - 2 * step] = -1
+    losses, grads = [], []
+    for step in range(steps):
+        _, loss = model(idx[step, :, :-1], targets[step])
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad.full_tensor().clone() for n, p in model.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    traced = {name: (int(c[0]), int(c[1])) for name, c in counts.items()}  # (compiled, eager)
+    return {"losses": losses, "grads": grads, "traced": traced, "compiled": model.compiled}
+
+
+def assert_trains_alike(got: dict, want: dict) -> None:
+    assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)
+    for step, (g, w) in enumerate(zip(got["grads"], want["grads"], strict=True)):
+        assert g.keys() == w.keys()  # the parameters' names as they were (no _orig_mod.)
+        for name in w:
+            torch.testing.assert_close(g[name], w[name], rtol=1e-4, atol=1e-6, msg=f"{step} {name}")
+
+
+@pytest.fixture(scope="module", params=["gpt2", "modern"])
+def regions(request) -> tuple[str, dict, dict]:
+    """An architecture, its eager run and its run with the regions compiled."""
+    arch = request.param
+    return arch, train(arch, compile=False), train(arch, compile=True, scope="regions")
+
+
+def test_compiled_regions_train_as_eager(regions):
+    arch, eager, compiled = regions
+    assert compiled["compiled"] == ("blocks", "embed", "head_loss")
+    assert eager["compiled"] == ()
+    assert_trains_alike(compiled, eager)
+
+
+def test_the_embeddings_and_final_norm_run_inside_compiled_graphs(regions):
+    """Each watched module ran inside a compiled graph at every step, never eagerly; in the
+    eager model, eagerly at every step."""
+    arch, eager, compiled = regions
+    for name, ran in compiled["traced"].items():
+        assert ran == (STEPS, 0), f"{arch}: {name} ran (compiled, eager) {ran} times"
+    for name, ran in eager["traced"].items():
+        assert ran == (0, STEPS), name
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "modern"])
+def test_the_whole_model_compiled_trains_as_per_block_compile(arch):
+    blocks = train(arch, compile=True, scope="blocks")
+    whole = train(arch, compile=True, scope="model")
+    assert blocks["compiled"] == ("blocks",) and whole["compiled"] == ("model",)
+    assert_trains_alike(whole, blocks)
+    # one graph: the stem and the final norm inside it too; per block, they run eagerly
+    assert all(ran == (STEPS, 0) for ran in whole["traced"].values()), whole["traced"]
+    assert blocks["traced"]["transformer.ln_f"] == (0, STEPS)
+
+
+def test_the_chunked_loss_under_compiled_regions_trains_as_eager():
+    """The chunked loss keeps its own compiled step and its loop eager (lmpipe.models.
+    head_loss); the tail region ends at its call, the final norm inside."""
+    eager = train("gpt2", compile=False, chunk=24)
+    compiled = train("gpt2", compile=True, scope="regions", chunk=24)
+    assert_trains_alike(compiled, eager)
+    assert compiled["traced"]["transformer.ln_f"] == (STEPS, 0)
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_the_counted_only_head_under_compiled_regions_trains_as_eager(chunk):
+    """Fine-tuning: a count of positions that changes each step reaches the loss. The tail's
+    graph ends at the selection and the loss takes the count as a symbol (the chunked loss: its
+    own compiled step, its loop eager), so no graph recompiles each step (a fourth compile of
+    one function is an error here)."""
+    eager = train("gpt2", compile=False, chunk=chunk, steps=5, sparse=True)
+    with torch._dynamo.config.patch(recompile_limit=3, fail_on_recompile_limit_hit=True):
+        compiled = train("gpt2", compile=True, chunk=chunk, steps=5, sparse=True)
+    assert_trains_alike(compiled, eager)
+    assert compiled["traced"]["transformer.ln_f"] == (5, 0)
