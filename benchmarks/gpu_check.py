@@ -9,7 +9,9 @@ Parts, in the order they run (names as in the JSON):
 
 - `env`: nvidia-smi, the GPU's name, free memory and dense bf16 peak (lmpipe.hardware), torch,
   CUDA, packages, a C compiler on PATH (Triton builds its launcher with one), CPU count, flash
-  attention (the SDPA switch and a flash-only bf16 call), and a tiny torch.compile on the device.
+  attention (the SDPA switch and a flash-only bf16 call), each train.attention_backend timed on
+  the 124m micro-batch's attention (forward + backward, with the kernel it ran: which to choose
+  on this GPU), and a tiny torch.compile on the device.
   (CUDA runs in subprocesses only: this process never holds a CUDA context, which a GPU in
   exclusive-process mode would hold against every later run.)
 - `data`: the embedded FineWeb sample tokenized with lmpipe.data.tokenize into llm.c shards.
@@ -310,7 +312,7 @@ def device_probe(out: Path, smoke: bool) -> dict:
     import torch
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from gpu_train import device_info
+    from gpu_train import attention_timings, device_info
 
     cuda = torch.cuda.is_available()
     info: dict[str, Any] = {
@@ -334,6 +336,14 @@ def device_probe(out: Path, smoke: bool) -> dict:
             "bf16_peak_note": None if peak else f"unknown to lmpipe.hardware: {H200_PEAK:g} used",
         }
     info["attention"] = device_info(device)
+    # the SDPA backends on the 124m run's micro-batch (64 rows of 1,024, 12 heads of 64), bf16
+    shape, dtype = (
+        ((2, 2, 64, 16), torch.float32) if smoke else ((64, 12, 1024, 64), torch.bfloat16)
+    )
+    try:
+        info["attention_timings"] = attention_timings(device, shape, dtype)
+    except Exception as e:  # (a figure, not a gate: env goes on)
+        info["attention_timings"] = {"error": f"{type(e).__name__}: {str(e)[-500:]}"}
     out.write_text(json.dumps(info))
     backend = "eager" if smoke else "inductor"  # the smoke run compiles nothing
     t = time.monotonic()

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -97,6 +98,48 @@ def device_info(device: torch.device) -> dict:
     except RuntimeError as e:  # "No available kernel" when flash cannot run this input
         info["flash_probe"] = f"failed: {str(e).splitlines()[0]}"
     return info
+
+
+def attention_timings(
+    device: torch.device, shape: tuple[int, int, int, int], dtype: torch.dtype, repeats: int = 10
+) -> dict[str, dict[str, Any]]:
+    """Each train.attention_backend the device has kernels for, timed on one causal attention
+    forward + backward of (B, nh, T, hs) `shape` through lmpipe's own `attend`: the median
+    milliseconds over `repeats` calls after 3 warm-up calls, and the kernel that ran; or why it
+    cannot run. Which setting to choose on this GPU (cuDNN attention on Hopper, or flash), read
+    off the figures. math is left out on CUDA: never the fast one, and it holds the scores."""
+    from lmpipe.models import attention
+
+    cuda = device.type == "cuda"
+    names = [n for n in attention.BACKENDS if n != "math"] if cuda else attention.CPU_BACKENDS
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in "qkv")
+
+    def step() -> None:
+        attention.attend(q, k, v, None).sum().backward()
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    timings: dict[str, dict[str, Any]] = {}
+    try:
+        for name in names:
+            attention.use_backend(name)
+            try:
+                for _ in range(3):
+                    step()
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    step()
+                    times.append(time.perf_counter() - start)
+                with torch.no_grad():
+                    kernel = attention.kernel_that_runs(lambda: attention.attend(q, k, v, None))
+                times.sort()
+                timings[name] = {"ms": round(1000 * times[len(times) // 2], 3), "kernel": kernel}
+            except RuntimeError as e:  # "No available kernel": the backend cannot run this input
+                timings[name] = {"error": str(e).strip().splitlines()[0][:300]}
+    finally:
+        attention.use_backend("auto")
+    return timings
 
 
 def peak_flops_of(device: torch.device, given: float | None) -> float:

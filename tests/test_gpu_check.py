@@ -207,3 +207,24 @@ def test_the_on_request_parts_wait_for_parts_to_name_them(tmp_path):
     for name, part in parts.items():
         why = "on request: name it in --parts" if name in on_request else "would exceed"
         assert part["status"] == "skipped" and part["reason"].startswith(why), (name, part)
+
+
+def test_the_attention_timings_time_each_backend_on_its_own_kernel():
+    """env's attention timings (which train.attention_backend to choose on the GPU): each
+    backend the CPU has, timed, on the kernel that backend runs; the process's setting left as
+    found (auto)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    from gpu_train import attention_timings
+
+    from lmpipe.models import attention
+
+    timings = attention_timings(torch.device("cpu"), (2, 2, 64, 16), torch.float32, repeats=3)
+    assert list(timings) == list(attention.CPU_BACKENDS)
+    assert all(t["ms"] > 0 for t in timings.values())
+    assert {name: t["kernel"] for name, t in timings.items()} == {
+        "auto": "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "flash": "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "math": "aten::_scaled_dot_product_attention_math",
+    }
+    assert attention._chosen is None  # auto again
