@@ -35,7 +35,7 @@ mixture-demo: setup
 ## worker on TEST_WORKERS workers (pytest-xdist), in the order collected (the SLURM tests first,
 ## tests/conftest.py). One worker more than the 2 cores: the SLURM tests' worker mostly waits
 ## (on SLURM's scheduling and its jobs' signals), and two others compute meanwhile. On this
-## 2-core machine the whole suite took 31 min on 3 workers, 36 min on 2
+## 2-core machine the whole suite took 26 min on 3 workers, 36 min on 2
 TEST_WORKERS ?= 3
 FAST_WORKERS ?= 2
 test: setup

@@ -20,9 +20,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The SLURM tests first. They mostly wait (on SLURM's scheduling and Snakemake's status
-    polls), so under `make test` (pytest-xdist, a worker a core, a file a worker) one worker waits
-    on them from the start while the other runs the rest, instead of taking them up last."""
+    polls), so under `make test` (pytest-xdist, a file a worker) one worker waits on them from
+    the start while the others run the rest, instead of taking them up last."""
     items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: else in order
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo process group for a module's tests (FSDP2 and DCP want one), as
+    lmpipe.train.parallel.init_distributed makes it without torchrun; one that exists is kept."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from lmpipe.config import TrainJob
@@ -28,18 +27,9 @@ from lmpipe.train import checkpoint
 from lmpipe.train.checkpoint import Checkpointer, atomic_folder, save_final
 from lmpipe.train.loop import Task, trajectory_hash
 
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # FSDP2/DCP: tests/conftest.py
+
 MINE, OTHER = "a" * 16, "b" * 16
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    """One rank, as lmpipe.train.parallel.init_distributed makes it without torchrun."""
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def model_and_optimizer(seed: int = 0):

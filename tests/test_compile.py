@@ -10,13 +10,13 @@ from functools import partial
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lmpipe.config import model_config, train_config
 from lmpipe.train.loop import training_model
 from lmpipe.train.optim import build_optimizer
 
-pytestmark = pytest.mark.slow  # Inductor compiles: ~3 min cold on 2 cores
+# Inductor compiles (~3 min cold on 2 cores); FSDP2 on one rank (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_rank_group")]
 
 CPU = torch.device("cpu")
 SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
@@ -28,17 +28,6 @@ WATCHED = {
     "gpt2": ("transformer.wte", "transformer.wpe", *BLOCKS, "transformer.ln_f"),
     "modern": ("transformer.wte", "transformer.ln_e", *BLOCKS, "transformer.ln_f"),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    """One rank, as lmpipe.train.parallel.init_distributed makes it without torchrun."""
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def count(module: torch.nn.Module, args: tuple, ran: torch.Tensor) -> None:

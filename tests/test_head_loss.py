@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from lmpipe.models import build_model
 from lmpipe.models.head_loss import linear_cross_entropy, loss_function
 from lmpipe.train.parallel import parallelize
+
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # FSDP2/DCP: tests/conftest.py
 
 V, VP, C = 1000, 1024, 48  # a vocabulary padded to a multiple of 128, as llm.c pads 50,257
 
@@ -93,17 +94,6 @@ MODELS = {
     "gpt2": {"arch": "gpt2", "n_layer": 3, "n_head": 2, "n_embd": 32, "block_size": 64},
     "modern": {"arch": "modern", "n_layer": 3, "n_head": 2, "n_embd": 32, "block_size": 64},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    """One rank, as lmpipe.train.parallel.init_distributed makes it without torchrun."""
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class CountOps(torch.utils._python_dispatch.TorchDispatchMode):
