@@ -165,9 +165,8 @@ def get_train_inputs(wildcards):
     the evaluations during training read, by kind, as their evaluate jobs get them
     (lmpipe.config.in_training: those whose section's during_training is on)."""
     run = get_run(wildcards)
-    if (
-        not run.fine_tuning
-    ):  # (an `arch: hf` model's text: its own tokens, its folder's weights)
+    # (an `arch: hf` model's text: its own tokens, its folder's weights)
+    if not run.fine_tuning:
         inputs = {"data": lmconfig.text_tokens(config, wildcards.run)}
         if hub := get_hub_model_input(config["runs"][wildcards.run]["model"]):
             inputs["model"] = hub

@@ -7,6 +7,7 @@ torch.profiler (`kernel_that_runs`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -31,7 +32,6 @@ KERNEL_OP = "aten::_scaled_dot_product_"
 _chosen: SDPBackend | None = None
 FLEX_OFF_CUDA = False  # tests set it: FlexAttention's masks on the CPU too, eager (flex_on)
 FLEX_KERNEL = "flex_attention"  # what kernel_that_runs names FlexAttention (no aten op of its own)
-_compiled_flex = None
 _flex_calls = 0  # flex's eager calls (kernel_that_runs reads it; compiled code never counts)
 
 
@@ -58,11 +58,18 @@ def flex_on(device: torch.device) -> bool:
     return device.type == "cuda" or FLEX_OFF_CUDA
 
 
+@functools.cache
+def compiled(fn: Callable) -> Callable:
+    """torch.compile(fn), made once a process: flex_attention and create_block_mask on CUDA,
+    as torch advises (eager, each materialises the dense scores or mask)."""
+    return torch.compile(fn)
+
+
 def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> torch.Tensor:
     """flex_attention under `mask`, compiled on CUDA (as modded-nanogpt's records, whose model is
     torch.compile'd: unfused, eager flex_attention materialises the scores), eager elsewhere.
     q, k, v in one dtype: autocast's when on (SDPA casts so itself), else their common one."""
-    global _compiled_flex, _flex_calls
+    global _flex_calls
     if not torch.compiler.is_compiling():  # a traced count would guard on it: a recompile a call
         _flex_calls += 1
     kind = q.device.type
@@ -71,11 +78,8 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockMask) -> 
     else:
         dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     q, k, v = (t.to(dtype) for t in (q, k, v))
-    if kind != "cuda":
-        return flex_attention(q, k, v, block_mask=mask)
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention)
-    return _compiled_flex(q, k, v, block_mask=mask)
+    run = compiled(flex_attention) if kind == "cuda" else flex_attention
+    return run(q, k, v, block_mask=mask)
 
 
 def attend(

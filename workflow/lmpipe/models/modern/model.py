@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from lmpipe.config import ModelConfig, model_config
-from lmpipe.models.attention import attend, flex_on
+from lmpipe.models.attention import attend, compiled, flex_on
 from lmpipe.models.head_loss import linear_cross_entropy, soft_cap
 from lmpipe.registry import ARCHITECTURES
 
@@ -60,7 +60,6 @@ def modern_config(**fields) -> ModelConfig:
 
 EOT = 50256  # GPT-2's end-of-text token: the shards put one before each document
 WINDOW_BLOCK = 128  # the records' FlexAttention block: the window counts whole blocks
-_compiled_block_mask = None  # torch.compile(create_block_mask), made on CUDA's first use
 
 
 def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) -> torch.Tensor:
@@ -102,12 +101,8 @@ def document_window_block_mask(idx: torch.Tensor, document: bool, window: int | 
             allowed = allowed & (q_idx // WINDOW_BLOCK - kv_idx // WINDOW_BLOCK < blocks)
         return allowed
 
-    make = create_block_mask
-    if idx.device.type == "cuda":  # torch's advice: compiled, it never holds the dense mask
-        global _compiled_block_mask
-        if _compiled_block_mask is None:
-            _compiled_block_mask = torch.compile(create_block_mask)
-        make = _compiled_block_mask
+    # torch's advice: compiled on CUDA, it never holds the dense mask
+    make = compiled(create_block_mask) if idx.device.type == "cuda" else create_block_mask
     return make(mask_mod, B, None, T, T, device=idx.device, BLOCK_SIZE=WINDOW_BLOCK)
 
 
