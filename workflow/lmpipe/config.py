@@ -992,7 +992,7 @@ def report_params(config: dict[str, Any], report: str) -> str:
             "eval": {s: dataclasses.asdict(v) for s, v in rc.eval.items()},
             "evaluations": evaluations_of(config, r),
             "text_dataset": text_dataset(config, r),
-            "text_tokens": text_tokens(config, r),  # its manifest (a model's own tokens')
+            "tokens_of": tokens_of(config, r),  # whose tokens its text is in (None: GPT-2's)
             "chat_dataset": chat_dataset(config, r),
         }
     return canonical_json(

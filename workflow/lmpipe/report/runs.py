@@ -134,7 +134,7 @@ def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
     run.missing += [f"eval/{e}.json" for e in expected if e not in run.evals]
     if "dataset" in settings:  # the text data (a fine-tuning run's is its base's)
         dataset = settings.get("text_dataset") or settings["dataset"]
-        manifest = settings.get("text_tokens") or layout.tokens_manifest(dataset)
+        manifest = layout.tokens_manifest(dataset, settings.get("tokens_of"))
         run.manifest = read_json(Path(manifest))
     return run
 
