@@ -31,10 +31,10 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
-# a failed job's cause on the console: the first error line of its log; and a report that
-# reads what a failed job removed is removed too, for the next run to rebuild (lmpipe.failures)
+# a failed job's cause on the console: the first error line of its log (lmpipe.failures). What
+# it leaves missing is rebuilt by the next run, with what reads it (lmpipe.stale, common.smk)
 onerror:
-    lmfailures.report(log, get_report_readers())
+    lmfailures.report(log)
 
 
 rule all:

@@ -32,6 +32,7 @@ GROUND = {
     "settings",
     "config_schema",
     "failures",
+    "stale",
     "hf_folder",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe

@@ -67,12 +67,18 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def planned_jobs(workdir: Path, config: dict | None = None) -> set[tuple[str, str]]:
     """(rule, its wildcards' values joined by "/") of every job a dry run plans, with `config`
     given as --configfile: ("train", "embedded-a"), ("evaluate", "embedded-a/hellaswag")."""
+    return dry_run(workdir, config)[0]
+
+
+def dry_run(workdir: Path, config: dict | None = None) -> tuple[set[tuple[str, str]], str]:
+    """The jobs a dry run plans (planned_jobs) and its console output."""
     args = ["-n"]
     if config is not None:
         path = workdir / f"changed_{len(list(workdir.glob('changed_*.yaml')))}.yaml"
         path.write_text(yaml.safe_dump(config))
         args += ["--configfile", str(path)]
-    out = snakemake(workdir, *args).stdout
+    proc = snakemake(workdir, *args)
+    out = proc.stdout
     # each planned job: a "rule NAME:" line, then its indented details ("wildcards: run=...")
     jobs = set()
     for rule, details in re.findall(r"^(?:local)?rule (\w+):\n((?:[ \t]+.*\n?)*)", out, re.M):
@@ -80,7 +86,7 @@ def planned_jobs(workdir: Path, config: dict | None = None) -> set[tuple[str, st
             wc = re.search(r"^\s*wildcards: (.*)$", details, re.M)
             values = re.findall(r"\w+=([^,\s]+)", wc.group(1)) if wc else []
             jobs.add((rule, "/".join(values)))
-    return jobs
+    return jobs, proc.stdout + proc.stderr
 
 
 def base_config(workdir: Path) -> dict:
@@ -231,8 +237,7 @@ def test_a_failed_evaluation_is_rebuilt_by_the_default_target_with_the_report(bu
     """A real failure (a forced val-loss evaluation on a truncated val shard: Snakemake removes
     its output), then a real rerun of the default target once the shard is whole again: the
     evaluation and the report run again, so the report is not left stale. (Snakemake alone would
-    plan nothing: it does not rebuild a removed file whose reader is present, snakemake#1978;
-    the onerror hook removes the report that reads it.)"""
+    plan nothing: it does not rebuild a removed file whose reader is present, snakemake#1978.)"""
     shard = built / "results/data/embedded/tokens/embedded_val_000000.bin"
     result = built / "results/runs/embedded-a/eval/val_loss.json"
     report = built / f"results/report_{REPORT}.html"
@@ -244,11 +249,103 @@ def test_a_failed_evaluation_is_rebuilt_by_the_default_target_with_the_report(bu
     finally:
         shard.write_bytes(good)
     assert failed.returncode != 0 and not result.exists()
-    console = failed.stdout + failed.stderr
-    assert "truncated or corrupt" in console  # said on the console
-    assert f"lmpipe: removed results/report_{REPORT}.html: it reads {forced}, which" in console
-    assert not report.exists()
+    assert "truncated or corrupt" in failed.stdout + failed.stderr  # said on the console
     assert {("evaluate", "embedded-a/val_loss"), ("report", REPORT)} <= planned_jobs(built)
-    snakemake(built, "--cores", "2")
+    rerun = snakemake(built, "--cores", "2")
+    said = f"lmpipe: {forced} is missing, and results/report_{REPORT}.html, which reads it, is on"
+    assert said in rerun.stdout + rerun.stderr
     assert result.exists() and report.stat().st_mtime > before
+    assert planned_jobs(built) == set()
+
+
+# ---- never stale: an output removed by hand (or by a scratch purge) under a present reader ----
+
+
+def downstream_of_deleting(config: dict, kind: str) -> set[tuple[str, str]]:
+    """The jobs a plain run must plan once the demo's output of `kind` is removed: the job that
+    makes it and every job after it, written out from the demo's DAG (docs/architecture.md)."""
+    report = {("report", REPORT)}
+    if kind == "tokens manifest":  # the text's shards: every run on them, trained again
+        jobs = {("tokenize", "embedded")} | report
+        for run in report_runs(config):
+            if lmconfig.text_dataset(config, run) == "embedded":
+                jobs |= jobs_of(config, run, retrained=True)
+        return jobs
+    if kind == "train/final":  # embedded-b: no fine-tuning starts from it
+        return jobs_of(config, "embedded-b", retrained=True) | report
+    if kind == "model/hf":  # embedded-a's evaluations read it; its fine-tuning reads train/final
+        evals = jobs_of(config, "embedded-a", retrained=False)
+        return {("convert", "embedded-a")} | evals | report
+    if kind == "llmc.bin":  # only the report reads llm.c's file
+        return {("export_llmc", "embedded-a")} | report
+    if kind == "evaluation file":
+        return {("evaluate", "embedded-b/suite")} | report
+    raise KeyError(kind)
+
+
+DELETED = {
+    "tokens manifest": "results/data/embedded/tokens/manifest.json",
+    "train/final": "results/runs/embedded-b/train/final",
+    "model/hf": "results/runs/embedded-a/model/hf",
+    "llmc.bin": "results/runs/embedded-a/model/llmc.bin",
+    "evaluation file": "results/runs/embedded-b/eval/suite.json",
+}
+
+
+@pytest.mark.parametrize("kind", list(DELETED))
+def test_a_deleted_output_is_rebuilt_with_what_reads_it(built: Path, kind: str) -> None:
+    """Each kind of the demo's outputs removed (moved aside, then back): a plain run plans
+    exactly the job that makes it and what follows, and says so in one line."""
+    path = built / DELETED[kind]
+    aside = path.with_name(path.name + ".aside")
+    path.rename(aside)
+    try:
+        planned, console = dry_run(built)
+    finally:
+        aside.rename(path)
+    assert "Nothing to be done" not in console
+    said = [line for line in console.splitlines() if "lmpipe: " in line]
+    assert len(said) == 1 and f"lmpipe: {DELETED[kind]} is missing" in said[0], said
+    assert planned == downstream_of_deleting(base_config(built), kind)
+    assert planned_jobs(built) == set()  # back in place: up to date again
+
+
+def test_a_half_written_tokens_folder_is_tokenized_again(built: Path) -> None:
+    """A shard gone from under its manifest (a scratch purge takes files one by one):
+    tokenize, and everything after it, as for a removed manifest."""
+    shard = built / "results/data/embedded/tokens/embedded_train_000002.bin"
+    aside = shard.with_name(shard.name + ".aside")
+    shard.rename(aside)
+    try:
+        planned, console = dry_run(built)
+    finally:
+        aside.rename(shard)
+    assert "embedded_train_000002.bin, which it lists, is missing" in console
+    assert planned == downstream_of_deleting(base_config(built), "tokens manifest")
+
+
+@pytest.mark.parametrize("kind", ["evaluation file", "llmc.bin", "train/final"])
+def test_a_plain_rerun_rebuilds_a_deleted_output_and_a_fresh_report(built: Path, kind: str) -> None:
+    """For real: the output comes back equal (a resumed training's final checkpoint evaluates
+    to the same val loss), the jobs that read it ran again, and the report is rebuilt."""
+    import shutil
+
+    path = built / DELETED[kind]
+    report = built / f"results/report_{REPORT}.html"
+    run = path.relative_to(built / "results/runs").parts[0]
+    val_loss = built / "results/runs" / run / "eval/val_loss.json"
+    before = {"report": report.stat().st_mtime, "val_loss": json.loads(val_loss.read_text())}
+    old = path.read_bytes() if path.is_file() else None
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    rerun = snakemake(built, "--cores", "2")
+    log = rerun.stdout + rerun.stderr
+    assert f"lmpipe: {DELETED[kind]} is missing" in log
+    assert path.exists() and report.stat().st_mtime > before["report"]
+    if old is not None and kind == "llmc.bin":
+        assert path.read_bytes() == old  # the same checkpoint, the same llm.c file
+    after = json.loads(val_loss.read_text())
+    assert after["value"] == before["val_loss"]["value"]
+    if kind == "train/final":  # resumed from its last checkpoint, not trained again
+        train_log = (built / f"results/logs/train/{run}.log").read_text()
+        assert "resumed from" in train_log, train_log[-2000:]
     assert planned_jobs(built) == set()

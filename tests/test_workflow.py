@@ -154,19 +154,3 @@ def test_a_failed_jobs_cause_is_said_once_on_the_console(tmp_path):
     log = (workdir / "results/logs/train/embedded-a.log").read_text()
     assert log.count(message) == 2  # rank 0's and rank 1's, not repeated by torchrun's summary
     assert shard.exists()  # the bad input is named, not removed
-
-
-def test_a_report_reading_what_a_failed_job_removed_is_removed_not_left_stale(tmp_path):
-    """lmpipe.failures.stale_readers: only a present reader of a missing failed output."""
-    from lmpipe.failures import FailedJob, stale_readers
-
-    (tmp_path / "report_a.html").write_text("old")
-    (tmp_path / "kept.json").write_text("{}")
-    gone, kept = str(tmp_path / "gone.json"), str(tmp_path / "kept.json")
-    readers = {
-        str(tmp_path / "report_a.html"): [gone, kept],
-        str(tmp_path / "report_b.html"): [gone],  # not there: nothing to remove
-        str(tmp_path / "report_c.html"): [kept],
-    }
-    jobs = [FailedJob("evaluate", outputs=[gone, kept])]
-    assert stale_readers(jobs, readers) == {str(tmp_path / "report_a.html"): [gone]}

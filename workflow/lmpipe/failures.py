@@ -25,7 +25,7 @@ ERROR_LINE = re.compile(
 )
 START = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+):$")
 FAILED = re.compile(r"^Error in rule (\S+):$")
-FIELD = re.compile(r"^\s+(jobid|wildcards|log|output): (.*)$")
+FIELD = re.compile(r"^\s+(jobid|wildcards|log): (.*)$")
 
 
 @dataclass
@@ -34,7 +34,6 @@ class FailedJob:
     jobid: str = ""
     wildcards: str = ""
     logs: list[Path] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
 
 
 def failed_jobs(snakemake_log: str) -> list[FailedJob]:
@@ -58,8 +57,6 @@ def failed_jobs(snakemake_log: str) -> list[FailedJob]:
             elif key == "log" and is_error:
                 paths = value.split(" (check log")[0]
                 block.logs = [Path(p.strip()) for p in paths.split(",") if p.strip()]
-            elif key == "output" and is_error:
-                block.outputs = [p.strip() for p in value.split(",") if p.strip()]
         elif not line.startswith(" "):
             block = None
     for job in failed:
@@ -87,27 +84,9 @@ def describe(job: FailedJob) -> str:
     return f"lmpipe: {what} failed\n  {cause}\n  log: {logs}"
 
 
-def stale_readers(jobs: list[FailedJob], readers: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The files (`readers`: file -> the files it reads) that read an output a failed job left
-    missing (Snakemake removes a failed job's outputs), with those outputs."""
-    gone = {o for job in jobs for o in job.outputs if not Path(o).exists()}
-    return {
-        reader: sorted(gone & set(inputs))
-        for reader, inputs in readers.items()
-        if gone & set(inputs) and Path(reader).exists()
-    }
-
-
-def report(
-    snakemake_logs: str | list[str],
-    readers: dict[str, list[str]] | None = None,
-    out: TextIO = sys.stdout,
-) -> None:
-    """Snakemake's onerror hook (its argument: its log or logs). Print one block a failed job;
-    then remove each file of `readers` (the reports: report -> the files it reads) that reads
-    what a failed job left missing. Snakemake does not rebuild a removed file whose reader is
-    present (snakemake/snakemake#1978: "Nothing to be done"), so the stale report would stay;
-    removed, the next run rebuilds both."""
+def report(snakemake_logs: str | list[str], out: TextIO = sys.stdout) -> None:
+    """Snakemake's onerror hook (its argument: its log or logs): one block a failed job. What a
+    failed job leaves missing, the next run rebuilds with what reads it (lmpipe.stale)."""
     paths = [snakemake_logs] if isinstance(snakemake_logs, str) else list(snakemake_logs)
     jobs = []
     for path in paths:
@@ -117,10 +96,3 @@ def report(
             continue
     for job in jobs:
         print(describe(job), file=out)
-    for reader, missing in stale_readers(jobs, readers or {}).items():
-        Path(reader).unlink()
-        print(
-            f"lmpipe: removed {reader}: it reads {', '.join(missing)}, which a failed job left"
-            " missing; the next run rebuilds it",
-            file=out,
-        )

@@ -6,7 +6,6 @@ import os
 import re
 import shlex
 import sys
-from types import SimpleNamespace
 
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
@@ -37,6 +36,7 @@ from lmpipe import failures as lmfailures
 from lmpipe import plan as lmplan
 from lmpipe import resources as lmresources
 from lmpipe import schema as lmschema
+from lmpipe import stale as lmstale
 from lmpipe import sweeps as lmsweeps
 from lmpipe.registry import EVALUATIONS
 
@@ -47,6 +47,11 @@ from lmpipe.registry import EVALUATIONS
 # reads `runs:`: a point is trained, cached and submitted like any run (lmpipe.sweeps).
 lmschema.validate(config)
 LAYOUT = lmconfig.layout(config)
+
+# An output missing while a job that reads it is on disk (removed by hand, by a scratch purge or
+# by a failed job), or one half-written, is rebuilt with what follows it, not left stale: Snakemake
+# alone says "Nothing to be done" (lmpipe.stale hooks into its DAG; one line each on the console)
+lmstale.install(workflow)
 
 
 def one_of(names):
@@ -135,14 +140,6 @@ def get_llmc_final(wildcards):
     run), an error naming the run, its model and arch, before any job starts."""
     lmconfig.check_llmc_export(config, wildcards.run)
     return LAYOUT.final_checkpoint(wildcards.run)
-
-
-def get_report_readers():
-    """Each report's file -> the files it reads (the onerror hook's, lmpipe.failures.report)."""
-    return {
-        LAYOUT.report(r): get_report_inputs(SimpleNamespace(report=r))
-        for r in config["reports"]
-    }
 
 
 def get_report_inputs(wildcards):
