@@ -67,6 +67,18 @@ def test_each_missing_link_with_a_present_reader_is_found(tmp_path):
     assert [r.job.name for r in find(chain_jobs(tmp_path))] == ["job3"]
 
 
+def test_a_temporary_file_removed_once_read_is_not_missing(tmp_path):
+    """Snakemake's temp(): a dataset's tokenized parts, removed once the shards are cut."""
+    make_all(tmp_path)
+    part = str(tmp_path / "part_0.bin")
+    tokens = str(tmp_path / "tokens.json")
+    jobs = [
+        Job("tokenize_part", (part,), (), temporary=frozenset({part})),
+        Job("tokenize", (tokens,), (part,)),
+    ]
+    assert find(jobs) == []
+
+
 def test_a_file_no_job_makes_is_not_ours_to_rebuild(tmp_path):
     """A source file (the config's parquet) missing is Snakemake's MissingInputException."""
     make_all(tmp_path)

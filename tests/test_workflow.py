@@ -154,3 +154,17 @@ def test_a_failed_jobs_cause_is_said_once_on_the_console(tmp_path):
     log = (workdir / "results/logs/train/embedded-a.log").read_text()
     assert log.count(message) == 2  # rank 0's and rank 1's, not repeated by torchrun's summary
     assert shard.exists()  # the bad input is named, not removed
+
+
+def test_a_dataset_tokenized_in_parts_is_up_to_date_once_its_parts_are_removed(tmp_path):
+    """The parts' token streams are Snakemake's temp() files, removed once the shards are cut:
+    gone on purpose, so lmpipe.stale does not take them for missing (a 1-minute partition limit
+    makes the embedded sample two parts)."""
+    workdir = make_workdir(tmp_path / "wf")
+    (workdir / "parts.yaml").write_text("cluster:\n  max_runtime: 1\n")
+    manifest = "results/data/embedded/tokens/manifest.json"
+    built = snakemake(workdir, "--cores", "2", manifest, "--configfile", "parts.yaml")
+    assert "rule tokenize_part:" in built.stdout + built.stderr
+    assert not (workdir / "results/data/embedded/token_parts").exists()
+    dry = snakemake(workdir, "-n", manifest, "--configfile", "parts.yaml")
+    assert "Nothing to be done" in dry.stdout and "lmpipe:" not in dry.stdout + dry.stderr

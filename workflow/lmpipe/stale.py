@@ -34,11 +34,13 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class Job:
-    """A job as this check sees it: a name to print, its output and input files."""
+    """A job as this check sees it: a name to print, its output and input files, and which of
+    its outputs are temporary (Snakemake's `temp()`: removed once read, on purpose)."""
 
     name: str
     outputs: tuple[str, ...]
     inputs: tuple[str, ...]
+    temporary: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ def find(
                 readers.setdefault(path, []).append(job)
     repairs = []
     for path, job in producer.items():
+        if path in job.temporary:
+            continue
         if not exists(path):
             if path in readers:
                 repairs.append(Repair(job, path, "missing", tuple(readers[path])))
@@ -116,9 +120,12 @@ def find(
 
 def _job(job) -> Job:
     """A Snakemake job as `find` takes it."""
+    from snakemake.io import is_flagged
+
     wildcards = ", ".join(f"{k}={v}" for k, v in job.wildcards_dict.items())
     name = f"{job.rule.name} ({wildcards})" if wildcards else job.rule.name
-    return Job(name, tuple(map(str, job.output)), tuple(map(str, job.input)))
+    temporary = frozenset(str(f) for f in job.output if is_flagged(f, "temp"))
+    return Job(name, tuple(map(str, job.output)), tuple(map(str, job.input)), temporary)
 
 
 def install(workflow, say: Callable[[str], None] | None = None) -> None:
