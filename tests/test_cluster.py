@@ -14,7 +14,7 @@ import pytest
 from conftest import CONFIG_FILE
 from lmpipe import plan
 from lmpipe.cluster import Ask, Cluster, ClusterError, slurm_minutes
-from lmpipe.pending import PendingWatch, parse_squeue, what_to_do
+from lmpipe.pending import PendingWatch, job_comment, parse_squeue, what_to_do
 
 # `sinfo --exact --noheader --format=%P|%a|%l|%s|%D|%c|%m|%G|%T` on the test cluster of
 # tests/slurm/setup.sh (SLURM 22.05.8, nodes n1 and n2 of 2 CPUs, 16000 MB, 2 untyped GPUs):
@@ -173,6 +173,17 @@ def test_a_failing_squeue_is_said_once():
     watch = PendingWatch(broken, str, said.append)
     watch.poll(), watch.poll()
     assert len(said) == 1 and "could not read squeue: squeue: error" in said[0]
+
+
+def test_a_jobs_comment_is_the_one_the_slurm_plugin_submits_it_with():
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.utils import get_job_wildcards
+
+    for values in (["slurm/lr=1e-3"], ["embedded-a", "val_loss"], []):
+        job = SimpleNamespace(wildcards=values)
+        plugins = f"rule_train_wildcards_{get_job_wildcards(job)}" if values else "rule_train"
+        assert job_comment("train", values) == plugins
 
 
 def test_squeue_lines_keep_a_reasons_commas():

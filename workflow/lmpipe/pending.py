@@ -22,18 +22,21 @@ import getpass
 import re
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 SQUEUE_FORMAT = "%i|%k|%r"  # job id, comment (the plugin's rule_<rule>_wildcards_<values>), reason
 
+# Snakemake submits a cancelled job again (--retries): the run is what to stop
+STOP = "stop the run (Ctrl-C: Snakemake cancels its jobs; a `scancel {job}` alone is retried)"
 TOO_BIG = (
-    "scancel {job}, then ask for what the partition allows (--set-threads, --set-resources, a"
-    " run's launch:) or another partition (SBATCH_PARTITION)"
+    STOP + ", then ask for what the partition allows (--set-threads, --set-resources, a run's"
+    " launch:) or another partition (SBATCH_PARTITION)"
 )
-NOT_ALLOWED = "scancel {job}, then set an account or QOS the partition takes (SBATCH_ACCOUNT)"
+NOT_ALLOWED = STOP + ", then set an account or QOS the partition takes (SBATCH_ACCOUNT)"
 DOWN = (
-    "the nodes or partition it needs are down: wait for the admins, or scancel {job} and use"
+    "the nodes or partition it needs are down: wait for the admins, or " + STOP + " and use"
     " another partition (SBATCH_PARTITION)"
 )
 # (the reason's start, what to do); ReqNodeNotAvail only with nodes that are down, drained or not
@@ -77,6 +80,14 @@ def parse_squeue(text: str) -> list[PendingJob]:
             job_id, comment, reason = line.strip().split("|", 2)
             jobs.append(PendingJob(job_id, comment, reason))
     return jobs
+
+
+def job_comment(rule: str, wildcard_values: Iterable[Any]) -> str:
+    """The comment snakemake-executor-plugin-slurm gives a job it submits (`rule_<rule>`, then
+    `_wildcards_` and the values joined by `_`, a `/` as `_`): how a line of squeue is matched to
+    its rule and wildcards."""
+    values = "_".join(str(v) for v in wildcard_values).replace("/", "_")
+    return f"rule_{rule}" + (f"_wildcards_{values}" if values else "")
 
 
 def squeue_command(run_name: str) -> list[str]:

@@ -87,12 +87,6 @@ def check_jobs_fit():
         )
 
 
-def slurm_comment(job):
-    """The comment snakemake-executor-plugin-slurm gives a job's submission."""
-    values = "_".join(str(v) for v in job.wildcards).replace("/", "_")
-    return f"rule_{job.rule.name}" + (f"_wildcards_{values}" if values else "")
-
-
 def watch_pending(every_s=15.0):
     """A daemon thread that names this run's jobs pending for a reason that never clears."""
     jobs = slurm_jobs()
@@ -100,7 +94,10 @@ def watch_pending(every_s=15.0):
         return
     # the plugin names each job of the run after the run's id
     run_name = workflow.scheduler.get_executor(jobs[0]).run_uuid
-    labels = {slurm_comment(job): f"rule {job_label(job)}" for job in jobs}
+    labels = {
+        lmpending.job_comment(job.rule.name, job.wildcards): f"rule {job_label(job)}"
+        for job in jobs
+    }
     command = lmpending.squeue_command(run_name)
     lmpending.PendingWatch(
         query=lambda: lmpending.run_squeue(command),
