@@ -257,7 +257,7 @@ class Cluster:
         if partition:
             if partition not in self.partitions:
                 raise ClusterError(
-                    f"no partition {partition!r} on this cluster (sinfo lists"
+                    f"partition {partition!r}, which sinfo does not list (it lists"
                     f" {', '.join(self.partitions)})"
                 )
             return [self.partitions[partition]]

@@ -44,7 +44,7 @@ def get_node_cpus():
         try:
             cpus = slurm_cluster().node_cpus(partition)
         except lmcluster.ClusterError as e:
-            raise WorkflowError(f"lmpipe: SBATCH_PARTITION: {e}") from None
+            raise WorkflowError(f"lmpipe: SBATCH_PARTITION names {e}") from None
         # for the jobs' own Snakemake (sbatch --export)
         os.environ[NODE_CPUS_ENV] = str(cpus)
         return cpus
@@ -76,7 +76,7 @@ def check_jobs_fit():
         try:
             why = slurm_cluster().refusal(ask, job.resources.get("slurm_partition"))
         except lmcluster.ClusterError as e:  # a partition it names that does not exist
-            why = str(e)
+            why = f"names {e}"
         if why:
             refused.append(f"lmpipe: rule {job_label(job)} {why}")
     if refused:
