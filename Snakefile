@@ -24,11 +24,18 @@ configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/slurm.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/convert.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+
+
+# under --profile slurm, before the first submission: a job that no partition can hold is
+# refused, and a watch names a submitted job that pends for good (slurm.smk)
+onstart:
+    slurm_onstart()
 
 
 # a failed job's cause on the console: the first error line of its log (lmpipe.failures). What

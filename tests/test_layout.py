@@ -34,6 +34,8 @@ GROUND = {
     "failures",
     "stale",
     "hf_folder",
+    "cluster",
+    "pending",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and
@@ -116,7 +118,7 @@ def test_the_snakefile_s_imports_pull_in_no_torch():
     code = (
         "import sys\n"
         "import lmpipe.config, lmpipe.plan, lmpipe.costs, lmpipe.resources, lmpipe.registry\n"
-        "import lmpipe.schema, lmpipe.sweeps, lmpipe.dag\n"
+        "import lmpipe.schema, lmpipe.sweeps, lmpipe.dag, lmpipe.cluster, lmpipe.pending\n"
         "heavy = sorted(m for m in ('torch', 'lm_eval', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

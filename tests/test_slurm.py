@@ -76,7 +76,6 @@ def snakemake_cmd(*args: str) -> list[str]:
         sys.executable, "-m", "snakemake", "--profile", "slurm",
         "--configfile", "config/config.yaml", "slurm-test.yaml",
         "--slurm-init-seconds-before-status-checks", "2",  # the profile's 20 s: too slow here
-        "--set-threads", "tokenize=2",  # the rule asks 16 CPUs; the test nodes have 2
         "--verbose", *args,
     ]  # fmt: skip
 
@@ -106,9 +105,9 @@ def run_uuid_of(log: str) -> str:
     return match.group(1)
 
 
-def finish(proc: subprocess.Popen, log_path: Path) -> str:
+def finish(proc: subprocess.Popen, log_path: Path, timeout: float = TIMEOUT) -> str:
     try:
-        proc.wait(timeout=TIMEOUT)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGINT)  # Snakemake cancels its SLURM jobs on SIGINT
         proc.wait(timeout=60)
@@ -494,7 +493,9 @@ def test_sbatch_line_of_the_124m_train_job_follows_the_config(workdir, cluster):
     hellaswag = workdir / "results/data/hellaswag/hellaswag_val.jsonl"
     hellaswag.parent.mkdir(parents=True, exist_ok=True)
     hellaswag.write_text((REPO / "resources/hellaswag_val_sample.jsonl").read_text())
-    e = env() | {"SBATCH_PARTITION": "debug"}
+    # submitted although no test node holds it (8 GPUs, 64 CPUs, 480 GB): the check that
+    # refuses such a job before submission is off (tests below hold it)
+    e = env() | {"SBATCH_PARTITION": "debug", "LMPIPE_CLUSTER_CHECK": "0"}
     log_path = workdir / "snakemake-124m.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -536,3 +537,129 @@ def test_sbatch_line_of_the_124m_train_job_follows_the_config(workdir, cluster):
         timeout=300,
     )  # fmt: skip
     assert "slurm_account=proj42" in dry.stdout + dry.stderr, dry.stdout[-3000:]
+
+
+# ---- 5: jobs sized to the cluster; a job no partition holds refused; one pending for good named --
+
+TOKENS = "results/data/embedded/tokens/manifest.json"  # the cheapest target with tokenize
+PENDING_BOUND_S = 60  # a job pending for good is named on the console within this
+
+
+def slurm_node() -> dict[str, str]:
+    """A test node as slurmctld has it (setup.sh: the machine's CPUs, at least 2; 16000 MB; 2
+    fake GPUs): CPUTot, RealMemory, Gres, ..."""
+    node = subprocess.run(
+        ["scontrol", "show", "node", "n1"], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(re.findall(r"(\w+)=(\S+)", node))
+
+
+def node_cpus() -> int:
+    return int(slurm_node()["CPUTot"])
+
+
+@pytest.fixture
+def fresh_workdir(tmp_path, cluster):
+    """A workdir of its own (nothing tokenized yet), with a GPU run on the embedded data whose
+    nodes have 512 CPUs: tokenize asks for a node's CPUs, more than any test node has."""
+    wd = make_workdir(tmp_path / "wd")
+    shutil.copy(OVERLAY, wd / "slurm-test.yaml")
+    big = dict(OVERLAY_RUNS["embedded-a"])
+    big["launch"] = {**big["launch"], "device": "cuda", "cpus_per_task": 512}
+    (wd / "big-node.yaml").write_text(yaml.safe_dump({"runs": {"big-node": big}}))
+    return wd
+
+
+def fresh_cmd(*args: str) -> list[str]:
+    cmd = snakemake_cmd(*args)
+    cmd.insert(cmd.index("slurm-test.yaml") + 1, "big-node.yaml")
+    return cmd
+
+
+def test_tokenize_asks_for_the_cpus_a_node_has_and_runs_without_set_threads(fresh_workdir):
+    """By default (no --set-threads) tokenize's threads are capped at the test nodes' CPUs: the
+    job is submitted asking for them, and the job's own Snakemake on the node runs it with as
+    many (it gets the figure from the main process: it reads no sinfo)."""
+    log_path = fresh_workdir / "snakemake-tokenize.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(fresh_cmd(TOKENS), cwd=fresh_workdir, env=env(), stdout=log,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+    text = finish(proc, log_path, timeout=300)
+    assert proc.returncode == 0, text[-6000:]
+    call = re.search(
+        r"sbatch call: (sbatch [^\n]*rule_tokenize_wildcards_embedded.*?) --wrap=", text
+    )
+    assert call and f"--cpus-per-task={node_cpus()}" in call.group(1).split(), text[-4000:]
+    assert [j["state"] for j in jobs_of(run_uuid_of(text))] == ["COMPLETED"]
+    assert json.loads((fresh_workdir / TOKENS).read_text())["tokens"]["train"] > 0
+
+
+def test_a_job_no_partition_holds_is_refused_in_one_line_before_any_submission(fresh_workdir):
+    cpus = node_cpus()
+    log_path = fresh_workdir / "snakemake-refused.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            fresh_cmd(TOKENS, "--set-threads", f"tokenize={8 * cpus}"),
+            cwd=fresh_workdir, env=env(), stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    text = finish(proc, log_path, timeout=120)
+    assert proc.returncode == 1, text[-4000:]
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("lmpipe: rule ")]
+    assert line.startswith(f"lmpipe: rule tokenize (dataset=embedded) asks {8 * cpus} CPUs,")
+    assert f"partition debug (the default) has at most {cpus} CPUs" in line, line
+    assert "too many CPUs" in line
+    # nothing submitted: SLURM knows no job of the run, the plugin wrote no log, nothing ran
+    assert jobs_of(run_uuid_of(text)) == []
+    assert not (fresh_workdir / "results/logs/slurm").exists()
+    assert "sbatch call" not in text and not (fresh_workdir / "results/data").exists()
+
+
+def test_a_job_pending_for_good_is_named_on_the_console_within_a_minute(fresh_workdir):
+    """Submitted past the check (LMPIPE_CLUSTER_CHECK=0), a tokenize job asking more CPUs than
+    the partition has pends for PartitionConfig; the watch names it, then Snakemake, stopped,
+    cancels it."""
+    cpus = node_cpus()
+    log_path = fresh_workdir / "snakemake-pending.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            fresh_cmd(TOKENS, "--set-threads", f"tokenize={8 * cpus}"), cwd=fresh_workdir,
+            env=env() | {"LMPIPE_CLUSTER_CHECK": "0"}, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    submitted, named, job_id = None, None, None
+    deadline = time.monotonic() + 240
+    while named is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = log_path.read_text()
+        if job_id is None and (match := re.search(r"submitted with SLURM jobid (\d+)", text)):
+            submitted, job_id = time.monotonic(), match.group(1)
+        if job_id and " pends for " in text:
+            named = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # Snakemake cancels its SLURM jobs
+    text = finish(proc, log_path, timeout=120)
+    assert job_id and named, text[-4000:]
+    assert named - submitted < PENDING_BOUND_S, named - submitted
+    (line,) = [ln for ln in text.splitlines() if " pends for " in ln]
+    assert line.startswith(
+        f"lmpipe: SLURM job {job_id} of rule tokenize (dataset=embedded) pends for"
+        " PartitionConfig, which never clears by itself:"
+    ), line
+    assert f"scancel {job_id}" in line
+    assert [j["state"] for j in jobs_of(run_uuid_of(text))] == ["CANCELLED"]
+
+
+def test_the_plan_checks_each_job_against_the_live_cluster(cluster):
+    """The 124m preset against the test cluster: its train job fits no partition (one line at the
+    end, `none` in its row), its tokenize job asks for a node's CPUs, not 64."""
+    node = slurm_node()
+    cpus, gb, gpus = node["CPUTot"], int(node["RealMemory"]) // 1000, node["Gres"].split(":")[-1]
+    done = subprocess.run(
+        [sys.executable, "-m", "lmpipe.plan", "results/report_124m.html", "--cluster"],
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    rows = {ln[3:].split("  ")[0]: ln for ln in done.stdout.splitlines() if ln[3:].strip()}
+    assert re.search(r"^!! train 124m .*  none  ", rows["train 124m"])
+    assert re.search(rf"  {cpus} CPU, \d+ GB .*  debug  ", rows["tokenize fineweb10B"])
+    (problem,) = [ln for ln in done.stdout.splitlines() if ln.startswith("!! train 124m: ")]
+    assert "asks 64 CPUs, 480 GB and 8 GPUs a node" in problem
+    assert f"has at most {cpus} CPUs, {gb} GB and {gpus} GPUs (untyped) a node, 2 nodes" in problem

@@ -172,6 +172,7 @@ class Job:
     gpu: str = ""  # the GPU type it is estimated on (GPU jobs)
     gpu_mem_gb: float | None = None
     jobs_in_a_row: int = 1  # train: allocations, each resuming the last's checkpoint
+    gres: str | None = None  # the GPUs it asks SLURM for a node (`gpu[:model]:N`); None: none
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -254,14 +255,15 @@ def download_bytes(config: dict[str, Any], dataset: str) -> tuple[float, str]:
     return tokens * figure("tokenize", "raw_bytes_per_token"), f"{tokens:.3g} tokens x {per_token}"
 
 
-def tokenize_cpus(config: dict[str, Any], dataset: str) -> int:
-    """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does)."""
+def tokenize_cpus(config: dict[str, Any], dataset: str, node_cpus: int | None = None) -> int:
+    """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does),
+    at most `node_cpus`, the most a node of the cluster has (under SLURM: lmpipe.cluster)."""
     cpus = [
         r["launch"]["cpus_per_task"]
         for name, r in config["runs"].items()
         if r["launch"]["device"] == "cuda" and lmconfig.text_dataset(config, name) == dataset
     ]
-    return max(cpus, default=16)
+    return min(max(cpus, default=16), node_cpus or math.inf)
 
 
 def bpe_rate(cpus: int) -> float:
@@ -281,15 +283,15 @@ def serial_rate() -> float:
     return 1 / (cpu_s + io_bytes / figure("io", "disk_bytes_per_s"))
 
 
-def tokenize_rate(config: dict[str, Any], dataset: str) -> float:
+def tokenize_rate(config: dict[str, Any], dataset: str, node_cpus: int | None = None) -> float:
     """Tokens a second of one tokenize job: its encoding on a node's cores or its one thread that
     reads and writes, whichever is slower."""
-    return min(bpe_rate(tokenize_cpus(config, dataset)), serial_rate())
+    return min(bpe_rate(tokenize_cpus(config, dataset, node_cpus)), serial_rate())
 
 
-def tokenize_rate_basis(config: dict[str, Any], dataset: str) -> str:
+def tokenize_rate_basis(config: dict[str, Any], dataset: str, node_cpus: int | None = None) -> str:
     """How the tokenize rate is known: the slower part first, each figure measured or assumed."""
-    cpus = tokenize_cpus(config, dataset)
+    cpus = tokenize_cpus(config, dataset, node_cpus)
     serial = (
         f"one thread reading and writing {serial_rate():.3g}/s (its CPU"
         f" {stated('tokenize', 'serial_tokens_per_s', '{:.3g}/s')};"
@@ -306,21 +308,24 @@ def tokenize_rate_basis(config: dict[str, Any], dataset: str) -> str:
     return f"{bpe}; {serial}"
 
 
-def tokenize_parts(config: dict[str, Any], dataset: str) -> int:
+def tokenize_parts(config: dict[str, Any], dataset: str, node_cpus: int | None = None) -> int:
     """Jobs a dataset is tokenized in: more than one when one job's estimate would not fit in
     0.8 of the partition's time limit (the shards are then cut from the parts in one more job)."""
-    estimate = dataset_tokens(config, dataset) / tokenize_rate(config, dataset) + 60
+    estimate = dataset_tokens(config, dataset) / tokenize_rate(config, dataset, node_cpus) + 60
     return max(1, math.ceil(estimate / (0.8 * config["cluster"]["max_runtime"] * 60)))
 
 
-def tokenize_job(config: dict[str, Any], dataset: str, part: str = "") -> Job:
-    """The tokenize job (one; or, in parts, a part's `tokenize_part` job or the merge)."""
+def tokenize_job(
+    config: dict[str, Any], dataset: str, part: str = "", node_cpus: int | None = None
+) -> Job:
+    """The tokenize job (one; or, in parts, a part's `tokenize_part` job or the merge) on at most
+    `node_cpus` CPUs."""
     tokens = dataset_tokens(config, dataset)
-    parts = tokenize_parts(config, dataset)
-    cpus = tokenize_cpus(config, dataset)
-    rate = tokenize_rate(config, dataset)
+    parts = tokenize_parts(config, dataset, node_cpus)
+    cpus = tokenize_cpus(config, dataset, node_cpus)
+    rate = tokenize_rate(config, dataset, node_cpus)
     max_runtime = config["cluster"]["max_runtime"]
-    how = f"{tokens:.3g} tokens at {rate:.3g}/s: {tokenize_rate_basis(config, dataset)}"
+    how = f"{tokens:.3g} tokens at {rate:.3g}/s: {tokenize_rate_basis(config, dataset, node_cpus)}"
     if parts == 1:
         estimate, rule, name, disk = tokens / rate + 60, "tokenize", dataset, 2 * tokens
     elif part:  # a part: its share of the raw files
@@ -499,6 +504,7 @@ def train_job(config: dict[str, Any], run: str, gpu: str | None) -> Job:
         disk_bytes=(t.keep_checkpoints * checkpoint_bytes) + 4 * n,
         gpu_mem_gb=gpu_memory_gb(rc) if launch.device == "cuda" else None,
         gpu=gpu_name(rc, gpu) if launch.device == "cuda" else "",
+        gres=launch.gres(launch.procs_per_node),
     )  # fmt: skip
     usable = launch.runtime * 60 - launch.signal_seconds - startup
     if usable <= 0:
@@ -584,7 +590,7 @@ def model_job(
         share = launch.procs_per_node
         job = Job(
             rule, "", "cuda", gpus=1, cpus=max(1, launch.cpus_per_task // share),
-            mem_mb=max(8000, launch.mem_mb // share), gpu=gpu_name(rc, gpu),
+            mem_mb=max(8000, launch.mem_mb // share), gpu=gpu_name(rc, gpu), gres=launch.gres(1),
         )  # fmt: skip
     else:
         job = Job(rule, "", "cpu", cpus=1, mem_mb=8000)

@@ -3,18 +3,23 @@ disk, GPU-hours and cost.
 
     python -m lmpipe.plan results/report_124m.html              # the 124M report's jobs
     python -m lmpipe.plan results/report_350m.html --gpu h100   # estimates for H100s
+    python -m lmpipe.plan results/report_124m.html --cluster    # against this cluster's sinfo
 
 The jobs are Snakemake's own: its DAG of the target, from a dry run (lmpipe.dag), so the plan
 never restates the workflow. Each job is costed by its rule's function below (`RULE_COSTS`, over
 lmpipe.costs); a rule without one stops the plan naming it. The resources printed are those the
-rules submit (lmpipe.resources derives them from the same estimates). `report_plan` is the part
-the report shows beside each run's measured figures.
+rules submit (lmpipe.resources derives them from the same estimates). With `--cluster` (or
+`--sinfo FILE`, a saved sinfo) each job is checked against the partitions as `--profile slurm`
+checks it before it submits (lmpipe.cluster): the partition that holds it, or a problem naming
+what it asks and what the partition has. `report_plan` is the part the report shows beside each
+run's measured figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -25,6 +30,7 @@ import yaml
 
 from lmpipe import config as lmconfig
 from lmpipe import costs
+from lmpipe.cluster import SINFO_COMMAND, Ask, Cluster, ClusterError, gres_gpus, read_cluster
 from lmpipe.costs import Job
 from lmpipe.dag import DagJob, target_jobs
 from lmpipe.hardware import GPU_BF16_PEAK
@@ -63,37 +69,40 @@ def download_model_job(config: dict[str, Any], model: str) -> Job:
 def export_llmc_job(config: dict[str, Any], run: str) -> Job:
     """A CPU job of one core (the rule asks for no GPU): the weights read, llm.c's file written."""
     job = costs.convert_job(config, run)
-    job.rule, job.gpus, job.cpus, job.gpu = "export_llmc", 0, 1, ""
+    job.rule, job.gpus, job.cpus, job.gpu, job.gres = "export_llmc", 0, 1, "", None
     job.disk_bytes /= 2
     return job
 
 
-# rule -> function(config, its wildcards, the GPU asked for) -> its Job; the profile's default
-# resources (slurm/config.yaml: 8 GB, 2 hours) where a rule asks for no others
-RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None], Job]] = {
-    "download": lambda c, w, gpu: download_job(c, w["dataset"]),
-    "download_hellaswag": lambda c, w, gpu: Job(
+# rule -> function(config, its wildcards, the GPU asked for, the most CPUs a node has or None)
+# -> its Job; the profile's default resources (slurm/config.yaml: 8 GB, 2 hours) where a rule
+# asks for no others
+RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int | None], Job]] = {
+    "download": lambda c, w, gpu, cpus: download_job(c, w["dataset"]),
+    "download_hellaswag": lambda c, w, gpu, cpus: Job(
         "download_hellaswag", "", "", estimate_s=30, disk_bytes=60e6, basis="local rule"
     ),
-    "download_suite": lambda c, w, gpu: Job(
+    "download_suite": lambda c, w, gpu, cpus: Job(
         "download_suite", "", "", estimate_s=30, disk_bytes=60e6, basis="local rule"
     ),
-    "tokenize_part": lambda c, w, gpu: costs.tokenize_job(
-        c, w["dataset"], f"{w['dataset']}/{w['part']}"
+    "tokenize_part": lambda c, w, gpu, cpus: costs.tokenize_job(
+        c, w["dataset"], f"{w['dataset']}/{w['part']}", cpus
     ),
-    "tokenize": lambda c, w, gpu: costs.tokenize_job(c, w["dataset"]),
+    "tokenize": lambda c, w, gpu, cpus: costs.tokenize_job(c, w["dataset"], node_cpus=cpus),
     # a model's own tokenizer: estimated at GPT-2's measured rate (its own is not measured)
-    "tokenize_for_model": lambda c, w, gpu: costs.tokenize_job(c, w["dataset"]),
-    "mixture": lambda c, w, gpu: Job(
+    "tokenize_for_model": lambda c, w, gpu, cpus: costs.tokenize_job(
+        c, w["dataset"], node_cpus=cpus
+    ),
+    "mixture": lambda c, w, gpu, cpus: Job(
         "mixture", w["dataset"], "", estimate_s=5, basis="local rule: the sources' manifest"
     ),
-    "prepare_conversations": lambda c, w, gpu: Job(
+    "prepare_conversations": lambda c, w, gpu, cpus: Job(
         "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),
-    "train": lambda c, w, gpu: costs.train_job(c, w["run"], gpu),
-    "download_model": lambda c, w, gpu: download_model_job(c, w["model"]),
-    "convert": lambda c, w, gpu: costs.convert_job(c, w["run"], gpu),
-    "reference": lambda c, w, gpu: Job(
+    "train": lambda c, w, gpu, cpus: costs.train_job(c, w["run"], gpu),
+    "download_model": lambda c, w, gpu, cpus: download_model_job(c, w["model"]),
+    "convert": lambda c, w, gpu, cpus: costs.convert_job(c, w["run"], gpu),
+    "reference": lambda c, w, gpu, cpus: Job(
         "reference",
         w["run"],
         "cpu",
@@ -102,9 +111,9 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None], Job
         limit_min=15,
         basis="links the model's files (no copy)",
     ),  # fmt: skip
-    "export_llmc": lambda c, w, gpu: export_llmc_job(c, w["run"]),
-    "evaluate": lambda c, w, gpu: costs.eval_job(c, w["run"], w["eval"], gpu),
-    "report": lambda c, w, gpu: Job(
+    "export_llmc": lambda c, w, gpu, cpus: export_llmc_job(c, w["run"]),
+    "evaluate": lambda c, w, gpu, cpus: costs.eval_job(c, w["run"], w["eval"], gpu),
+    "report": lambda c, w, gpu, cpus: Job(
         "report", w["report"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),
 }
@@ -115,16 +124,21 @@ class PlanError(ValueError):
     """A job the plan cannot cost; the message names its rule."""
 
 
-def cost_jobs(config: dict[str, Any], jobs: list[DagJob], gpu: str | None = None) -> list[Job]:
-    """Each of the DAG's `jobs` costed, in the order the stages run; a job whose estimate is over
-    its time limit is flagged."""
+def cost_jobs(
+    config: dict[str, Any],
+    jobs: list[DagJob],
+    gpu: str | None = None,
+    node_cpus: int | None = None,
+) -> list[Job]:
+    """Each of the DAG's `jobs` costed, in the order the stages run (a tokenize job on at most
+    `node_cpus` CPUs, as under SLURM); a job whose estimate is over its time limit is flagged."""
     unknown = sorted({job.rule for job in jobs if job.rule not in RULE_COSTS})
     if unknown:
         raise PlanError(
             f"rule(s) {', '.join(unknown)}: no cost in lmpipe.plan.RULE_COSTS; add one there"
         )
     ordered = sorted(jobs, key=lambda job: RULE_ORDER.index(job.rule))
-    planned = [RULE_COSTS[job.rule](config, job.wildcards, gpu) for job in ordered]
+    planned = [RULE_COSTS[job.rule](config, job.wildcards, gpu, node_cpus) for job in ordered]
     for job in planned:
         flag_over_limit(config, job)
     return planned
@@ -137,6 +151,27 @@ def flag_over_limit(config: dict[str, Any], job: Job) -> None:
             f"estimated {fmt_time(job.estimate_s)}, over its time limit of {job.limit_min} min"
             + (" (the partition's cluster.max_runtime)" if job.limit_min == max_runtime else "")
         )
+
+
+def job_ask(job: Job) -> Ask:
+    """What a costed job asks SLURM for, as the rules submit it."""
+    kind, gpus = gres_gpus(job.gres or "")
+    return Ask(job.cpus, job.mem_mb, gpus, kind or None, job.nodes, job.limit_min or 0)
+
+
+def check_cluster(jobs: list[Job], cluster: Cluster, partition: str | None) -> list[str]:
+    """The partition that holds each job ("local" for a local rule, "none" where none does: the
+    reason is added to its problems)."""
+    where = []
+    for job in jobs:
+        if job.device == "":
+            where.append("local")
+        elif holder := cluster.holder(job_ask(job), partition):
+            where.append(holder)
+        else:
+            job.problems.append(cluster.refusal(job_ask(job), partition) or "")
+            where.append("none")
+    return where
 
 
 def report_plan(config: dict[str, Any], report: str) -> str:
@@ -234,9 +269,19 @@ def slow_on_cpu(jobs: list[Job]) -> list[str]:
     ]
 
 
-def format_plan(jobs: list[Job], price: float | dict[str, float], report: str) -> str:
+def format_plan(
+    jobs: list[Job],
+    price: float | dict[str, float],
+    report: str,
+    where: list[str] | None = None,
+) -> str:
+    """The table, a job a row (with `where`, the partition that holds each), and the totals and
+    problems under it."""
     head = ("job", "resources", "estimate", "limit", "disk", "GPU-h", "GPU mem", "basis")
     rows = [job_row(j) for j in jobs]
+    if where is not None:  # the partition before the basis, which is long
+        head = (*head[:-1], "partition", head[-1])
+        rows = [(*r[:-1], w, r[-1]) for r, w in zip(rows, where, strict=True)]
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     lines = ["   " + "  ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)).rstrip()]
     for job, row in zip(jobs, rows, strict=True):
@@ -253,16 +298,14 @@ def format_plan(jobs: list[Job], price: float | dict[str, float], report: str) -
     for job, problem in problems:
         lines.append(f"!! {job.rule} {job.name}: {problem}")
     if not problems:
-        lines.append("every job fits its time limit")
+        lines.append("every job fits its time limit" + " and its partition" * (where is not None))
     lines += [f"note: {slow}" for slow in slow_on_cpu(jobs)]
     lines.append(f"(throughputs: {THROUGHPUTS.relative_to(REPO_ROOT)}; GPU memory: a rough"
                  " upper bound, lmpipe.costs.gpu_memory_gb)")  # fmt: skip
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from lmpipe import schema  # the config check needs Snakemake; the rules' path does not
-
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("target", help="results/report_NAME.html (or the report's name)")
     p.add_argument("--config", default="config/config.yaml")
@@ -273,6 +316,33 @@ def main(argv: list[str] | None = None) -> int:
         " bf16 FLOP/s, for a GPU lmpipe.hardware does not know (e.g. rtx4090=165e12)",
     )  # fmt: skip
     p.add_argument("--price", type=float, help="USD per GPU-hour (default: the report's)")
+    p.add_argument(
+        "--cluster", action="store_true",
+        help="check each job against this cluster's partitions (sinfo), as --profile slurm"
+        " does before it submits; tokenize on at most a node's CPUs",
+    )  # fmt: skip
+    p.add_argument(
+        "--sinfo", metavar="FILE", type=Path,
+        help="as --cluster, from a saved `" + " ".join(SINFO_COMMAND) + "`",
+    )  # fmt: skip
+    p.add_argument(
+        "--partition", default=os.environ.get("SBATCH_PARTITION") or None,
+        help="the partition the jobs go to (default: $SBATCH_PARTITION, else the default one)",
+    )  # fmt: skip
+    return p
+
+
+def load_cluster(args: argparse.Namespace) -> Cluster | None:
+    """The cluster to check the jobs against: --sinfo's file, --cluster's sinfo, or none."""
+    if args.sinfo:
+        return Cluster.parse(args.sinfo.read_text())
+    return read_cluster() if args.cluster else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lmpipe import schema  # the config check needs Snakemake; the rules' path does not
+
+    p = parser()
     args = p.parse_args(argv)
     if args.gpu and "=" in args.gpu:
         name, peak = args.gpu.split("=", 1)
@@ -291,11 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     files = [str(Path(f).resolve()) for f in [args.config, *args.configfile]]
     dag = target_jobs(lmconfig.layout(config).report(report), files, Path.cwd())
     try:
-        jobs = cost_jobs(config, dag, args.gpu)
-    except costs.UnknownGPU as e:
+        cluster = load_cluster(args)
+        node_cpus = cluster.node_cpus(args.partition) if cluster else None
+        jobs = cost_jobs(config, dag, args.gpu, node_cpus)
+    except (costs.UnknownGPU, ClusterError, OSError) as e:
         p.exit(2, f"lmpipe.plan: {e}\n")
+    where = check_cluster(jobs, cluster, args.partition) if cluster else None
     price = config["reports"][report]["gpu_hour_price"] if args.price is None else args.price
-    print(format_plan(jobs, price, report))
+    print(format_plan(jobs, price, report, where))
     return 1 if any(j.problems for j in jobs) else 0
 
 

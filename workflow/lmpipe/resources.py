@@ -3,7 +3,8 @@
 The rules ask for these (`common.smk`), so what `python -m lmpipe.plan` prints is what is
 submitted. Torch-free: the Snakefile imports it at parse time.
 
-- tokenize (and its parts): a node's CPUs, its memory, a time limit from the estimate;
+- tokenize (and its parts): a node's CPUs (at most the cluster's largest node's under SLURM),
+  its memory, a time limit from the estimate;
 - convert and evaluate: for a GPU run one GPU of its kind and its share of the node's CPUs and
   memory, for a CPU run a core or two; a time limit of twice the estimate plus 10 minutes;
 - train: the run's `launch:` (the train rule reads them directly), and a priority that grows with
@@ -23,22 +24,26 @@ __all__ = ["job_resources", "tokenize_parts", "train_priority"]
 
 
 def job_resources(
-    config: dict[str, Any], rule: str, run_or_dataset: str, evaluation: str = ""
+    config: dict[str, Any],
+    rule: str,
+    run_or_dataset: str,
+    evaluation: str = "",
+    node_cpus: int | None = None,
 ) -> dict[str, Any]:
     """The resources a tokenize, convert or evaluate job asks for: {cpus, mem_mb, runtime, gres}
-    (gres None: no GPU)."""
+    (gres None: no GPU); a tokenize job's CPUs at most `node_cpus`, the most a node of the
+    cluster has (under SLURM)."""
     if rule == "tokenize":
-        job = costs.tokenize_job(config, run_or_dataset)
+        job = costs.tokenize_job(config, run_or_dataset, node_cpus=node_cpus)
     elif rule == "tokenize_part":
-        job = costs.tokenize_job(config, run_or_dataset, "part")
+        job = costs.tokenize_job(config, run_or_dataset, "part", node_cpus)
     elif rule == "convert":
         job = costs.convert_job(config, run_or_dataset)
     elif rule == "evaluate":
         job = costs.eval_job(config, run_or_dataset, evaluation, None)
     else:
         raise ValueError(f"no derived resources for rule {rule!r}")
-    gres = lmconfig.run_config(config, run_or_dataset).launch.gres(job.gpus) if job.gpus else None
-    return {"cpus": job.cpus, "mem_mb": job.mem_mb, "runtime": job.limit_min, "gres": gres}
+    return {"cpus": job.cpus, "mem_mb": job.mem_mb, "runtime": job.limit_min, "gres": job.gres}
 
 
 def train_priority(config: dict[str, Any], run: str) -> int:

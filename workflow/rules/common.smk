@@ -79,7 +79,7 @@ def get_tokenize_inputs(wildcards):
     """The raw files; when the dataset is tokenized in parts (lmpipe.resources.tokenize_parts), the
     parts' token streams too, which the shards are cut from."""
     inputs = {"raw": LAYOUT.raw_manifest(wildcards.dataset)}
-    parts = lmresources.tokenize_parts(config, wildcards.dataset)
+    parts = lmresources.tokenize_parts(config, wildcards.dataset, get_node_cpus())
     if parts > 1:
         inputs["parts"] = [
             LAYOUT.token_part(wildcards.dataset, i) for i in range(parts)
@@ -201,12 +201,14 @@ def get_wandb_arg(wildcards, input):
 
 # SLURM resources of tokenize, convert and evaluate: derived by lmpipe.resources from the run (one GPU
 # of its kind for a GPU run's convert and evaluate) and from measured throughputs (the time limit:
-# twice the estimate plus 10 minutes); `python -m lmpipe.plan` prints them
+# twice the estimate plus 10 minutes), a tokenize job's CPUs at most a node's of the cluster
+# (slurm.smk's get_node_cpus); `python -m lmpipe.plan` prints them
 
 
 def get_derived(wildcards, rule, key):
     name = wildcards.get("dataset") or wildcards.run
-    return lmresources.job_resources(config, rule, name, wildcards.get("eval", ""))[key]
+    evaluation, cpus = wildcards.get("eval", ""), get_node_cpus()
+    return lmresources.job_resources(config, rule, name, evaluation, cpus)[key]
 
 
 # SLURM resources of the train rule, from a run's launch settings

@@ -87,7 +87,7 @@ rule tokenize_part:
         runtime=lambda wc: get_derived(wc, "tokenize_part", "runtime"),
     params:
         cfg=lambda wc: lmconfig.tokenize_params(config, wc.dataset),
-        parts=lambda wc: lmresources.tokenize_parts(config, wc.dataset),
+        parts=lambda wc: lmresources.tokenize_parts(config, wc.dataset, get_node_cpus()),
         tokenizer=config["tokenizer"],
     shell:
         "python -m lmpipe.data tokenize --config-json {params.cfg:q} --raw-manifest {input.raw:q}"
@@ -108,7 +108,8 @@ rule tokenize:
         dataset=one_of(TOKENIZED),
     conda:
         "../../envs/data.yaml"
-    # a node's CPUs (scaled down to --cores when run locally), memory and time (lmpipe.resources)
+    # a node's CPUs (scaled down to --cores when run locally, to the cluster's largest node under
+    # SLURM), memory and time (lmpipe.resources)
     threads: lambda wc: get_derived(wc, "tokenize", "cpus")
     resources:
         mem_mb=lambda wc: get_derived(wc, "tokenize", "mem_mb"),
