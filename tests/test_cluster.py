@@ -197,9 +197,13 @@ def test_squeue_lines_keep_a_reasons_commas():
 # ---- the plan against a saved sinfo ------------------------------------------------------------
 
 
-def test_the_plan_names_the_124m_jobs_a_cluster_of_4_gpu_nodes_cannot_hold(tmp_path, capsys):
+def test_the_plan_names_the_124m_jobs_a_cluster_of_4_gpu_nodes_cannot_hold(
+    tmp_path, capsys, monkeypatch
+):
     """The 124m preset (8 GPUs, 64 CPUs, 480 GB a node) against SITE's default partition: its
-    train job holds nowhere but in h100's, and its tokenize job asks at most a node's 32 CPUs."""
+    train job holds nowhere but in h100's, and its tokenize job asks at most a node's 32 CPUs;
+    the download is a job of one CPU on the partition LMPIPE_DOWNLOAD_PARTITION names."""
+    monkeypatch.setenv("LMPIPE_DOWNLOAD_PARTITION", "cpu")
     sinfo = tmp_path / "sinfo.txt"
     sinfo.write_text(SITE)
     args = ["results/report_124m.html", "--config", str(CONFIG_FILE), "--sinfo", str(sinfo)]
@@ -208,7 +212,7 @@ def test_the_plan_names_the_124m_jobs_a_cluster_of_4_gpu_nodes_cannot_hold(tmp_p
     rows = {line[3:].split("  ")[0]: line for line in out.splitlines() if line[3:].strip()}
     assert re.search(r"^!! train 124m .*  none  ", rows["train 124m"])
     assert re.search(r"  32 CPU, 4 GB  .*  gpu  ", rows["tokenize fineweb10B"])
-    assert re.search(r"  local  ", rows["download fineweb10B"])
+    assert re.search(r"  1 CPU, 8 GB  .*  cpu  ", rows["download fineweb10B"])
     problem = [line for line in out.splitlines() if line.startswith("!! train 124m: ")]
     assert len(problem) == 1
     assert "asks 64 CPUs, 480 GB and 8 GPUs a node, 1 node, 240 min" in problem[0]

@@ -189,13 +189,13 @@ def test_max_files_drives_the_download_estimate_not_the_runs_tokens(config):
     """A dataset with max_files N downloads N of the hub's parquet files (lmpipe.data.download):
     its estimate is N files' bytes at the assumed size of one, twice as long for 2 as for 1,
     whatever the runs train on; without max_files, the dataset's tokens' raw bytes."""
-    whole = plan.download_job(config, "fineweb10B")
+    whole = costs.download_job(config, "fineweb10B")
     assert whole.disk_bytes == pytest.approx(1e10 * figure("tokenize", "raw_bytes_per_token"))
 
     def capped(files: int, approx_tokens: float = 1e10) -> costs.Job:
         cfg = copy.deepcopy(config)
         cfg["datasets"]["fineweb10B"] |= {"max_files": files, "approx_tokens": approx_tokens}
-        return plan.download_job(cfg, "fineweb10B")
+        return costs.download_job(cfg, "fineweb10B")
 
     one, two = capped(1), capped(2)
     assert one.disk_bytes == figure("io", "hub_file_bytes") < whole.disk_bytes / 10

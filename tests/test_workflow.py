@@ -168,3 +168,22 @@ def test_a_dataset_tokenized_in_parts_is_up_to_date_once_its_parts_are_removed(t
     assert not (workdir / "results/data/embedded/token_parts").exists()
     dry = snakemake(workdir, "-n", manifest, "--configfile", "parts.yaml")
     assert "Nothing to be done" in dry.stdout and "lmpipe:" not in dry.stdout + dry.stderr
+
+
+def test_downloads_run_where_snakemake_runs_when_the_config_says_local(tmp_path, monkeypatch):
+    """`cluster.downloads: local` (no compute node reaches the internet): under the slurm
+    profile the download is a local rule, so it runs here, on a machine with no SLURM at all;
+    by default it is a job of its own, sent to LMPIPE_DOWNLOAD_PARTITION where that is set."""
+    for name in ("SBATCH_PARTITION", "LMPIPE_DOWNLOAD_PARTITION", "SBATCH_ACCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    workdir = make_workdir(tmp_path / "wf")
+    (workdir / "local.yaml").write_text("cluster:\n  downloads: local\n")
+    raw = "results/data/embedded/raw/manifest.json"
+    here = snakemake(workdir, "--profile", "slurm", raw, "--configfile", "local.yaml")
+    assert json.loads((workdir / raw).read_text())["rows"] == 1000, here.stdout[-2000:]
+    assert not (workdir / "results/logs/slurm").exists()  # nothing submitted
+    plan = snakemake(workdir, "--profile", "slurm", "-n", "-F", raw)
+    assert "slurm_partition" not in plan.stdout  # neither variable set: the default partition
+    monkeypatch.setenv("LMPIPE_DOWNLOAD_PARTITION", "transfer")
+    plan = snakemake(workdir, "--profile", "slurm", "-n", "-F", raw)
+    assert "slurm_partition=transfer" in plan.stdout and "runtime=30" in plan.stdout

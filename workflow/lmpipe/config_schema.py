@@ -276,7 +276,16 @@ TOP_LEVEL = {
                 "default": 2880,
                 "description": "the partition's time limit, minutes: no derived limit asks for"
                 " more, and the plan flags a job that needs more",
-            }
+            },
+            "downloads": {
+                "enum": ["job", "local"],
+                "default": "job",
+                "description": "where the download stages run under a cluster executor: `job`, a"
+                " job of their own (slurm/config.yaml sends them to LMPIPE_DOWNLOAD_PARTITION, a"
+                " partition whose nodes reach the internet, else where every job goes), or"
+                " `local`, where Snakemake itself runs (a login node), for a cluster none of"
+                " whose compute nodes reaches the internet",
+            },
         },
     },
     "hellaswag": {

@@ -255,6 +255,57 @@ def download_bytes(config: dict[str, Any], dataset: str) -> tuple[float, str]:
     return tokens * figure("tokenize", "raw_bytes_per_token"), f"{tokens:.3g} tokens x {per_token}"
 
 
+DOWNLOAD_MEM_MB = 8000  # a download job: datasets' parquet writer, a model's safetensors
+# the partition of the download jobs, one whose nodes reach the internet (slurm/config.yaml)
+DOWNLOAD_PARTITION_ENV = "LMPIPE_DOWNLOAD_PARTITION"
+
+
+def download_here(config: dict[str, Any]) -> bool:
+    """Whether the download stages run where Snakemake runs (`cluster.downloads: local`: a
+    login node with internet), not as jobs of their own (`job`, the default)."""
+    return config["cluster"]["downloads"] == "local"
+
+
+def download(
+    config: dict[str, Any], rule: str, name: str, fetched: float, how: str, rate: bool = True
+) -> Job:
+    """A download stage: `fetched` bytes from the hub at its rate (`rate`; else a small file's
+    minute), as a local rule or as a CPU job with a time limit (twice the estimate + 10 min)."""
+    estimate = fetched / figure("io", "download_bytes_per_s") if rate else 60.0
+    speed = stated("io", "download_bytes_per_s", "{:.0f} MB/s", 1e-6)
+    basis = f"{fetched / 1e9:.3g} GB: {how}" + (f", at {speed}" if rate else "")
+    if download_here(config):
+        where = "local rule: where Snakemake runs, cluster.downloads local"
+        return Job(
+            rule, name, "", estimate_s=estimate, disk_bytes=fetched, basis=f"{basis} ({where})"
+        )
+    limit = derived_limit(estimate, config["cluster"]["max_runtime"])
+    where = f"a job where the internet is: {DOWNLOAD_PARTITION_ENV}"
+    return Job(
+        rule, name, "cpu", cpus=1, mem_mb=DOWNLOAD_MEM_MB, limit_min=limit, estimate_s=estimate,
+        disk_bytes=fetched, basis=f"{basis} ({where})",
+    )  # fmt: skip
+
+
+def download_job(config: dict[str, Any], dataset: str) -> Job:
+    """A dataset's download: the raw bytes it fetches at the hub's rate."""
+    raw, how = download_bytes(config, dataset)
+    return download(config, "download", dataset, raw, how)
+
+
+def download_model_job(config: dict[str, Any], model: str) -> Job:
+    """A hub model's download: its weights (bf16/fp16 safetensors: 2 bytes a parameter, from its
+    config.json's count) at the hub's rate."""
+    m = lmconfig.model_config(config["models"][model], f"models.{model}")
+    weights = 2 * num_params(m)
+    return download(config, "download_model", model, weights, "weights, 2 bytes a parameter")
+
+
+def small_download_job(config: dict[str, Any], rule: str) -> Job:
+    """The HellaSwag file or the suite's task data: some 60 MB, a minute."""
+    return download(config, rule, "", 60e6, "a few files", rate=False)
+
+
 def tokenize_cpus(config: dict[str, Any], dataset: str, node_cpus: int | None = None) -> int:
     """A node's CPUs: the most any GPU run on the dataset asks for a node (16 where none does),
     at most `node_cpus`, the most a node of the cluster has (under SLURM: lmpipe.cluster)."""

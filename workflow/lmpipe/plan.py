@@ -31,39 +31,15 @@ import yaml
 from lmpipe import config as lmconfig
 from lmpipe import costs
 from lmpipe.cluster import SINFO_COMMAND, Ask, Cluster, ClusterError, gres_gpus, read_cluster
-from lmpipe.costs import Job
+from lmpipe.costs import DOWNLOAD_PARTITION_ENV, Job
 from lmpipe.dag import DagJob, target_jobs
 from lmpipe.hardware import GPU_BF16_PEAK
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import EVALUATIONS
-from lmpipe.throughputs import THROUGHPUTS, figure, stated
+from lmpipe.throughputs import THROUGHPUTS
 
 # ----------------------------------------------------------------------------------------------
 # a job of the DAG, costed by its rule
-
-
-def download_job(config: dict[str, Any], dataset: str) -> Job:
-    """A local rule (where the internet is): the raw bytes it fetches at the hub's rate."""
-    raw, how = costs.download_bytes(config, dataset)
-    rate = stated("io", "download_bytes_per_s", "{:.0f} MB/s", 1e-6)
-    basis = f"{raw / 1e9:.3g} GB: {how}, at {rate} (local rule: where the internet is)"
-    return Job(
-        "download", dataset, "", estimate_s=raw / figure("io", "download_bytes_per_s"),
-        disk_bytes=raw, basis=basis,
-    )  # fmt: skip
-
-
-def download_model_job(config: dict[str, Any], model: str) -> Job:
-    """A local rule: a hub model's weights (bf16/fp16 safetensors: 2 bytes a parameter, from its
-    config.json's count) at the hub's rate."""
-    m = lmconfig.model_config(config["models"][model], f"models.{model}")
-    weights = 2 * costs.num_params(m)
-    rate = stated("io", "download_bytes_per_s", "{:.0f} MB/s", 1e-6)
-    basis = f"{weights / 1e9:.3g} GB of weights (2 bytes a parameter) at {rate} (local rule)"
-    return Job(
-        "download_model", model, "", estimate_s=weights / figure("io", "download_bytes_per_s"),
-        disk_bytes=weights, basis=basis,
-    )  # fmt: skip
 
 
 def export_llmc_job(config: dict[str, Any], run: str) -> Job:
@@ -78,13 +54,9 @@ def export_llmc_job(config: dict[str, Any], run: str) -> Job:
 # -> its Job; the profile's default resources (slurm/config.yaml: 8 GB, 2 hours) where a rule
 # asks for no others
 RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int | None], Job]] = {
-    "download": lambda c, w, gpu, cpus: download_job(c, w["dataset"]),
-    "download_hellaswag": lambda c, w, gpu, cpus: Job(
-        "download_hellaswag", "", "", estimate_s=30, disk_bytes=60e6, basis="local rule"
-    ),
-    "download_suite": lambda c, w, gpu, cpus: Job(
-        "download_suite", "", "", estimate_s=30, disk_bytes=60e6, basis="local rule"
-    ),
+    "download": lambda c, w, gpu, cpus: costs.download_job(c, w["dataset"]),
+    "download_hellaswag": lambda c, w, gpu, cpus: costs.small_download_job(c, "download_hellaswag"),
+    "download_suite": lambda c, w, gpu, cpus: costs.small_download_job(c, "download_suite"),
     "tokenize_part": lambda c, w, gpu, cpus: costs.tokenize_job(
         c, w["dataset"], f"{w['dataset']}/{w['part']}", cpus
     ),
@@ -100,7 +72,7 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
         "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),
     "train": lambda c, w, gpu, cpus: costs.train_job(c, w["run"], gpu),
-    "download_model": lambda c, w, gpu, cpus: download_model_job(c, w["model"]),
+    "download_model": lambda c, w, gpu, cpus: costs.download_model_job(c, w["model"]),
     "convert": lambda c, w, gpu, cpus: costs.convert_job(c, w["run"], gpu),
     "reference": lambda c, w, gpu, cpus: Job(
         "reference",
@@ -161,15 +133,19 @@ def job_ask(job: Job) -> Ask:
 
 def check_cluster(jobs: list[Job], cluster: Cluster, partition: str | None) -> list[str]:
     """The partition that holds each job ("local" for a local rule, "none" where none does: the
-    reason is added to its problems)."""
+    reason is added to its problems). The download jobs go to LMPIPE_DOWNLOAD_PARTITION where
+    it is set (slurm/config.yaml)."""
     where = []
     for job in jobs:
+        goes_to = partition
+        if job.rule.startswith("download"):
+            goes_to = os.environ.get(DOWNLOAD_PARTITION_ENV) or partition
         if job.device == "":
             where.append("local")
-        elif holder := cluster.holder(job_ask(job), partition):
+        elif holder := cluster.holder(job_ask(job), goes_to):
             where.append(holder)
         else:
-            job.problems.append(cluster.refusal(job_ask(job), partition) or "")
+            job.problems.append(cluster.refusal(job_ask(job), goes_to) or "")
             where.append("none")
     return where
 

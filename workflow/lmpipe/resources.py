@@ -30,10 +30,16 @@ def job_resources(
     evaluation: str = "",
     node_cpus: int | None = None,
 ) -> dict[str, Any]:
-    """The resources a tokenize, convert or evaluate job asks for: {cpus, mem_mb, runtime, gres}
-    (gres None: no GPU); a tokenize job's CPUs at most `node_cpus`, the most a node of the
-    cluster has (under SLURM)."""
-    if rule == "tokenize":
+    """The resources a download, tokenize, convert or evaluate job asks for: {cpus, mem_mb,
+    runtime, gres} (gres None: no GPU); a tokenize job's CPUs at most `node_cpus`, the most a
+    node of the cluster has (under SLURM). `run_or_dataset`: a download_model job's model."""
+    if rule == "download":
+        job = costs.download_job(config, run_or_dataset)
+    elif rule == "download_model":
+        job = costs.download_model_job(config, run_or_dataset)
+    elif rule in ("download_hellaswag", "download_suite"):
+        job = costs.small_download_job(config, rule)
+    elif rule == "tokenize":
         job = costs.tokenize_job(config, run_or_dataset, node_cpus=node_cpus)
     elif rule == "tokenize_part":
         job = costs.tokenize_job(config, run_or_dataset, "part", node_cpus)

@@ -32,6 +32,7 @@ shell.prefix(
 )
 
 from lmpipe import config as lmconfig
+from lmpipe import costs as lmcosts
 from lmpipe import failures as lmfailures
 from lmpipe import plan as lmplan
 from lmpipe import resources as lmresources
@@ -206,8 +207,12 @@ def get_wandb_arg(wildcards, input):
 
 
 def get_derived(wildcards, rule, key):
-    name = wildcards.get("dataset") or wildcards.run
-    evaluation, cpus = wildcards.get("eval", ""), get_node_cpus()
+    name = (
+        wildcards.get("dataset") or wildcards.get("model") or wildcards.get("run", "")
+    )
+    # (tokenize's CPUs are capped at the cluster's largest node: slurm.smk reads sinfo for them)
+    cpus = get_node_cpus() if rule.startswith("tokenize") else None
+    evaluation = wildcards.get("eval", "")
     return lmresources.job_resources(config, rule, name, evaluation, cpus)[key]
 
 

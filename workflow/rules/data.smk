@@ -1,12 +1,14 @@
-# Data stages: download (local rule: compute nodes often have no internet), tokenize, and the
-# preparation of a `kind: conversations` dataset for chat fine-tuning.
+# Data stages: the downloads, tokenize, and the preparation of a `kind: conversations` dataset
+# for chat fine-tuning.
+#
+# Under a cluster executor the downloads are jobs of their own, with a time limit from their
+# estimate (slurm/config.yaml sends them to LMPIPE_DOWNLOAD_PARTITION: a partition whose nodes
+# reach the internet), or, with `cluster.downloads: local`, they run where Snakemake runs (a
+# login node): compute nodes often have no internet. Locally, every job runs here anyway.
+DOWNLOADS_HERE = lmcosts.download_here(config)
 
 
 localrules:
-    download,
-    download_hellaswag,
-    download_suite,
-    download_model,
     mixture,
 
 
@@ -17,8 +19,12 @@ rule download:
         LAYOUT.log("download", "{dataset}"),
     benchmark:
         LAYOUT.benchmark("download", "{dataset}")
+    localrule: DOWNLOADS_HERE
     conda:
         "../../envs/data.yaml"
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "download", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "download", "runtime"),
     params:
         cfg=lambda wc: lmconfig.download_params(config, wc.dataset),
         out=lambda wc: LAYOUT.raw_dir(wc.dataset),
@@ -32,8 +38,12 @@ rule download_hellaswag:
         config["hellaswag"].get("full", "results/data/hellaswag/hellaswag_val.jsonl"),
     log:
         LAYOUT.log("download", "hellaswag"),
+    localrule: DOWNLOADS_HERE
     conda:
         "../../envs/data.yaml"
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "download_hellaswag", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "download_hellaswag", "runtime"),
     shell:
         "python -m lmpipe.data download --hellaswag --out {output:q} > {log} 2>&1"
 
@@ -43,8 +53,12 @@ rule download_suite:
         LAYOUT.suite_manifest(),
     log:
         LAYOUT.log("download", "eval_suite"),
+    localrule: DOWNLOADS_HERE
     conda:
         "../../envs/data.yaml"
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "download_suite", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "download_suite", "runtime"),
     shell:
         "python -m lmpipe.eval.suite.data --out {output:q} > {log} 2>&1"
 
@@ -60,8 +74,12 @@ rule download_model:
         LAYOUT.benchmark("download", "model/{model}")
     wildcard_constraints:
         model=one_of(lmconfig.hub_models(config)),
+    localrule: DOWNLOADS_HERE
     conda:
         "../../envs/convert.yaml"
+    resources:
+        mem_mb=lambda wc: get_derived(wc, "download_model", "mem_mb"),
+        runtime=lambda wc: get_derived(wc, "download_model", "runtime"),
     params:
         cfg=lambda wc: lmconfig.download_model_params(config, wc.model),
     shell:
