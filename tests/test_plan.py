@@ -403,3 +403,15 @@ def test_the_vicuna_7b_report_plans_with_its_base_not_yet_downloaded(config, tmp
     # the train job builds its model from that folder, not from the hub id
     job = json.loads(lmconfig.train_params(config, "vicuna-7b"))
     assert job["model"]["path"] == lmconfig.layout(config).hub_model_dir("llama-2-7b")
+
+
+def test_every_cli_of_the_ground_prints_its_help():
+    """`--help` of the plan and the schema check: argparse formats help strings with %, which a
+    help quoting sinfo's %-fields must double."""
+    import subprocess
+    import sys
+
+    for module in ("lmpipe.plan", "lmpipe.schema"):
+        done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                              text=True, cwd=REPO)  # fmt: skip
+        assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]

@@ -299,7 +299,8 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--sinfo", metavar="FILE", type=Path,
-        help="as --cluster, from a saved `" + " ".join(SINFO_COMMAND) + "`",
+        # (argparse formats help with %: sinfo's own format fields are doubled)
+        help="as --cluster, from a saved `" + " ".join(SINFO_COMMAND).replace("%", "%%") + "`",
     )  # fmt: skip
     p.add_argument(
         "--partition", default=os.environ.get("SBATCH_PARTITION") or None,
