@@ -31,8 +31,10 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
-# a failed job's cause on the console: the first error line of its log; and a report that
-# reads what a failed job removed is removed too, for the next run to rebuild (lmpipe.failures)
+# a failed job's cause on the console: the first error line of its log (a train job stopped by
+# a signal, Ctrl-C included: its run and the step of its checkpoint); and a report that reads
+# what a failed job removed is removed too, for the next run to rebuild (lmpipe.failures).
+# Snakemake calls it after a Ctrl-C too, once it has waited for its running jobs.
 onerror:
     lmfailures.report(log, get_report_readers())
 

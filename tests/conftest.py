@@ -52,7 +52,7 @@ def fineweb_texts() -> list[str]:
     return pq.read_table(RESOURCES / "fineweb_sample.parquet", columns=["text"])["text"].to_pylist()
 
 
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "resources", "slurm")
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "resources", "slurm", "profiles")
 
 
 def make_workdir(dest: Path) -> Path:
