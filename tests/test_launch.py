@@ -197,6 +197,47 @@ def test_torchrun_keeps_quiet_about_workers_that_stopped_only(tmp_path, rank0_ex
         assert re.search(r"failed \(exitcode: 1\) local_rank: 0", launcher.stdout), lines
 
 
+# srun's part for several nodes: records the signals it gets (the real one passes SIGUSR1 and
+# SIGTERM on to the node agents, and answers a single SIGINT with a status report)
+SRUN = """
+import os, signal, sys, time
+out, got = sys.argv[1], []
+for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda s, f: got.append(signal.Signals(s).name))
+open(os.path.join(out, "ready_srun"), "w").close()
+deadline = time.time() + 30
+while len(got) < 2 and time.time() < deadline:
+    time.sleep(0.01)
+open(os.path.join(out, "srun_got"), "w").write(",".join(got))
+"""
+
+
+def test_under_srun_sigint_goes_on_as_sigusr1_and_sigterm_as_itself(tmp_path):
+    """Several nodes: the launcher signals srun, not workers. A SIGINT reaches the node agents
+    only as SIGUSR1 (srun would keep a single SIGINT to itself); SIGTERM goes on as SLURM's."""
+    (tmp_path / "srun.py").write_text(SRUN)
+    code = LAUNCHER.replace("to_workers=True", "to_workers=False")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "workflow"))
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code, sys.executable, str(tmp_path / "srun.py"), str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 60
+        while not (tmp_path / "ready_srun").exists():
+            assert launcher.poll() is None and time.time() < deadline, "srun did not start"
+            time.sleep(0.01)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            launcher.send_signal(sig)  # to the launcher only
+            time.sleep(0.5)
+        out = launcher.communicate(timeout=60)[0]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert (tmp_path / "srun_got").read_text() == "SIGUSR1,SIGTERM", out
+    assert launcher.returncode == 0 and "Traceback" not in out, out  # srun's exit code
+
+
 def test_an_agent_killed_by_a_signal_is_128_plus_it(own_handlers):
     """The shell's convention: an agent that dies of SIGTERM makes the launcher exit 143."""
     code = launch.run_forwarding(["sh", "-c", "kill -TERM $$"], dict(os.environ), True)
