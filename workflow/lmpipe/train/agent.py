@@ -1,8 +1,8 @@
 """torchrun, quiet about workers that stopped on a signal: `python -m lmpipe.train.agent ARGS` runs
 `torchrun ARGS` (torch.distributed.run) in this process, as the launcher starts it.
 
-A worker that gets a stop signal finishes its step, saves a checkpoint, says so in one line and
-exits with EXIT_STOPPED. torchrun takes that for a failure: it stops the ranks still running
+Workers that get a stop signal finish the step, save a checkpoint (rank 0 says so in one line) and
+exit with EXIT_STOPPED. torchrun takes that for a failure: it stops the ranks still running
 (SIGTERM, a warning each), logs the first failure, and ends with a ChildFailedError traceback and
 a "Root Cause" table of every rank, some 30 lines that say nothing the worker has not. Here, when
 every failed rank exited with EXIT_STOPPED, or by the SIGTERM torchrun sends the others once one

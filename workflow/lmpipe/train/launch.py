@@ -214,7 +214,7 @@ def run_forwarding(cmd: list[str], env: dict[str, str], to_workers: bool) -> int
         cmd,
         env=env,
         preexec_fn=_prepare_agent if to_workers else None,
-        start_new_session=to_workers,  # a terminal's Ctrl-C: this process's to pass on, not its
+        start_new_session=to_workers,  # out of this group: a terminal's Ctrl-C reaches us only
     )
 
     got: list[int] = []
