@@ -38,8 +38,10 @@ onstart:
     slurm_onstart()
 
 
-# a failed job's cause on the console: the first error line of its log (lmpipe.failures). What
-# it leaves missing is rebuilt by the next run, with what reads it (lmpipe.stale, common.smk)
+# a failed job's cause on the console: the first error line of its log (a train job stopped by
+# a signal, Ctrl-C included: its run and the step of its checkpoint; lmpipe.failures). Snakemake
+# calls it after a Ctrl-C too, once it has waited for its running jobs. What a failed job leaves
+# missing is rebuilt by the next run, with what reads it (lmpipe.stale, common.smk)
 onerror:
     lmfailures.report(log)
 

@@ -439,23 +439,25 @@ def now_utc() -> str:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a command started in its own session and every process under it (torchrun's
-    workers run in sessions of their own), and wait until all are gone."""
+    """SIGKILL a command started in its own session and every process under it (the launcher
+    starts torchrun, and torchrun each worker, in a session of its own), and wait until all are
+    gone. The deepest first: no process sees its parent die and acts on it (a torchrun whose
+    launcher dies stops its workers with a checkpoint)."""
     import psutil
 
     try:
         kids = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         kids = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for kid in kids:
+    for kid in reversed(kids):
         try:
             kid.kill()
         except psutil.NoSuchProcess:
             pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     psutil.wait_procs(kids, timeout=30)
     proc.wait()
 
@@ -664,7 +666,7 @@ class Check:
         self.log(f"  {what}: {show(cmd)} (killed at checkpoint {step})")
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=self.logf, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: launcher, torchrun (workers: below)
+            start_new_session=True,  # its own process group (torchrun, the workers: kill_tree)
         )  # fmt: skip
         checkpoint = out / "checkpoints" / f"step_{step:06d}"
         try:

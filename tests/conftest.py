@@ -52,7 +52,7 @@ def fineweb_texts() -> list[str]:
     return pq.read_table(RESOURCES / "fineweb_sample.parquet", columns=["text"])["text"].to_pylist()
 
 
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "resources", "slurm")
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "envs", "resources", "slurm", "profiles")
 
 
 def make_workdir(dest: Path) -> Path:
@@ -93,17 +93,21 @@ def snakemake(workdir: Path, *args: str, timeout: int = 1200, check: bool = True
 
 
 def kill_at_checkpoint(cmd: list[str], env: dict, out: Path, step: int, timeout: int = 240) -> None:
-    """Start a training command, SIGKILL its whole process group the moment checkpoint `step`
-    exists (the launcher, torchrun and workers at once, without warning), and check it had not
-    finished by then."""
+    """Start a training command, SIGKILL it and every process under it the moment checkpoint
+    `step` exists (the launcher, torchrun and workers at once, without warning), and check it had
+    not finished by then. Its process group alone is not all of them: torchrun and each worker
+    run in sessions of their own (lmpipe.train.launch), and a launcher killed alone makes torchrun
+    stop the workers with a checkpoint."""
     import signal
     import subprocess
     import time
 
+    import psutil
+
     proc = subprocess.Popen(
         cmd,
         env=env,
-        start_new_session=True,  # its own process group: the launcher, torchrun and workers
+        start_new_session=True,  # its own process group
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -114,8 +118,15 @@ def kill_at_checkpoint(cmd: list[str], env: dict, out: Path, step: int, timeout:
             assert proc.poll() is None and time.time() < deadline, f"no checkpoint at step {step}"
             time.sleep(0.02)
     finally:
+        under = psutil.Process(proc.pid).children(recursive=True)
+        for child in reversed(under):  # the workers first: no parent's death is seen to act on
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        psutil.wait_procs(under, timeout=30)
     assert not (out / "final").exists(), "the run finished before it was killed"
 
 

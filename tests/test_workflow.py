@@ -187,3 +187,62 @@ def test_downloads_run_where_snakemake_runs_when_the_config_says_local(tmp_path,
     monkeypatch.setenv("LMPIPE_DOWNLOAD_PARTITION", "transfer")
     plan = snakemake(workdir, "--profile", "slurm", "-n", "-F", raw)
     assert "slurm_partition=transfer" in plan.stdout and "runtime=30" in plan.stdout
+
+
+def test_a_train_job_stopped_on_a_signal_is_said_in_one_line(tmp_path):
+    """lmpipe.failures.report after a Ctrl-C: a train job stopped on the signal (its log's stop
+    line) is one line naming the run, the signal and the step its checkpoint holds; a job that
+    failed otherwise is described as before. (The logs are copied from a real run's.)"""
+    import io
+
+    from lmpipe.failures import report
+
+    stopped, failed = tmp_path / "sig.log", tmp_path / "evaluate.log"
+    stopped.write_text(
+        "+ python -m lmpipe.train.agent --nproc-per-node=2 ...\n"
+        "lmpipe.train: got SIGINT\n"
+        "step     5/60 | loss 10.811523 | lr 3.00e-03 | norm 1.2318 | 71.1 ms | 0.0% MFU\n"
+        "2026-12-07 01:46:27,931 [rank 0] INFO saved checkpoint results/runs/sig/train/"
+        "checkpoints/step_000005\n"
+        "2026-12-07 01:46:27,931 [rank 0] WARNING stopping at step 5 on SIGINT; a restart"
+        " resumes from there\n"
+    )
+    failed.write_text("Traceback (most recent call last):\nValueError: no such thing\n")
+    blocks = []
+    for jobid, (rule, wildcards, log) in enumerate(
+        [("train", "run=sig", stopped), ("evaluate", "run=a, eval=val_loss", failed)]
+    ):
+        blocks.append(
+            f"[Mon Dec  7 01:49:37 2026]\nlocalrule {rule}:\n    output: results/{rule}\n"
+            f"    log: {log}\n    jobid: {jobid}\n    wildcards: {wildcards}\n    threads: 2\n"
+        )
+    blocks.append("Terminating processes on user request, this might take some time.\n")
+    for jobid, (rule, log) in enumerate([("train", stopped), ("evaluate", failed)]):
+        blocks.append(
+            f"[Mon Dec  7 01:49:37 2026]\nError in rule {rule}:\n    message: None\n"
+            f"    jobid: {jobid}\n    output: results/{rule}\n"
+            f"    log: {log} (check log file(s) for error details)\n"
+        )
+    (tmp_path / "snakemake.log").write_text("".join(blocks))
+    out = io.StringIO()
+    report(str(tmp_path / "snakemake.log"), out=out)
+    assert out.getvalue().splitlines() == [
+        "lmpipe: train (run=sig) stopped on SIGINT with its checkpoint at step 5; the same"
+        " command again resumes from it",
+        "lmpipe: evaluate (run=a, eval=val_loss) failed",
+        "  ValueError: no such thing",
+        f"  log: {failed}",
+    ]
+
+
+def test_the_workflow_profile_is_read_beside_the_slurm_profile(workdir):
+    """profiles/default (rerun-incomplete: tests/test_interrupt.py) is read on every run, and a
+    --profile's settings stay in force beside it: the slurm profile's default resources (8 GB)
+    and printed shell commands in a dry run."""
+    target = "results/data/embedded/tokens/manifest.json"
+    plain = snakemake(workdir, "-n", target)
+    assert "Using workflow specific profile profiles/default" in plain.stdout + plain.stderr
+    slurm = snakemake(workdir, "--profile", "slurm", "-n", "-F", target)  # built or not
+    console = slurm.stdout + slurm.stderr
+    assert "Using profiles slurm and workflow specific profile profiles/default" in console
+    assert "mem_mb=8000" in console and "Shell command: python -m lmpipe.data" in console

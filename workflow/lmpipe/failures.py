@@ -6,6 +6,12 @@ details)`; the cause sits in the job's log, for a torchrun job once a rank. The 
 the rule, the job id (whose start block holds the wildcards) and the job's logs. For each failed
 job it prints one block: the rule, its wildcards, the first error line of its logs (a Python
 exception's last line, a rank's "[rankN]:" prefix dropped) and the logs' paths. Torch-free.
+
+A train job stopped on a signal (Ctrl-C, SLURM's SIGTERM) is no error: its rank 0 logs
+`stop_line` once its checkpoint is saved, and exits EXIT_STOPPED. For such a job the hook prints
+one line instead: the run, the signal and the step its checkpoint holds, and that running the same
+command again resumes from it. (Snakemake calls the hook after a Ctrl-C too, once its running jobs
+have ended: it waits for them.)
 """
 
 from __future__ import annotations
@@ -26,6 +32,15 @@ ERROR_LINE = re.compile(
 START = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+):$")
 FAILED = re.compile(r"^Error in rule (\S+):$")
 FIELD = re.compile(r"^\s+(jobid|wildcards|log): (.*)$")
+EXIT_STOPPED = 75  # EX_TEMPFAIL: a train job stopped on a signal after a checkpoint
+STOPPED = re.compile(r"stopping at step (\d+) on (SIG\w+|another rank's signal)")
+
+
+def stop_line(step: int, signal: str | None) -> str:
+    """What rank 0 of a train job logs once the checkpoint of `step` is saved on a signal
+    (`signal`: its name; None when only another rank got one), as `describe` reads it back."""
+    who = signal or "another rank's signal"
+    return f"stopping at step {step} on {who}; a restart resumes from there"
 
 
 @dataclass
@@ -77,8 +92,27 @@ def first_error(logs: Iterable[Path]) -> str | None:
     return None
 
 
+def stopped_at(logs: Iterable[Path]) -> tuple[int, str] | None:
+    """(step, signal) of the last stop line in the logs (`stop_line`), or None."""
+    found = None
+    for path in logs:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for m in STOPPED.finditer(text):
+            found = int(m.group(1)), m.group(2)
+    return found
+
+
 def describe(job: FailedJob) -> str:
     what = f"{job.rule} ({job.wildcards})" if job.wildcards else job.rule
+    if stop := stopped_at(job.logs):
+        step, signal = stop
+        return (
+            f"lmpipe: {what} stopped on {signal} with its checkpoint at step {step}; the same"
+            " command again resumes from it"
+        )
     cause = first_error(job.logs) or "no error line found in its log"
     logs = ", ".join(str(p) for p in job.logs) or "(the rule keeps no log)"
     return f"lmpipe: {what} failed\n  {cause}\n  log: {logs}"

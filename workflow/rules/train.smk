@@ -48,7 +48,9 @@ rule train:
         wandb=get_wandb_arg,  # not a trajectory setting: left out of the rerun check
         out=lambda wc: LAYOUT.train_dir(wc.run),
     # exec: the launcher replaces the shell, so a SIGTERM from SLURM (sent to every process of
-    # the job step) reaches it and its workers without killing the shell between them first
+    # the job step) or a terminal's Ctrl-C (SIGINT to Snakemake's process group) reaches it
+    # without killing a shell between it and Snakemake first; it stops the workers after a
+    # checkpoint (lmpipe.train.launch)
     shell:
         "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg:q}"
         " --data {input.data:q} {params.init} {params.evals}"

@@ -14,14 +14,26 @@ default, `lmpipe.chat.finetune` for a fine-tuning run; both run lmpipe.train.loo
   `srun --nodes=N --ntasks=N --ntasks-per-node=1`, c10d rendezvous at the allocation's first node
   (asked of squeue/scontrol: the SLURM executor strips most SLURM_* variables).
 
-Signals. SLURM sends SIGUSR1 or SIGTERM before a time limit or a preemption; the workers must
-checkpoint and exit non-zero. torchrun's agent does not forward SIGUSR1 (its default action kills
-the agent and orphans the workers) and answers SIGTERM by killing the workers after 30 s. So
-torchrun is started with SIGUSR1 ignored, and this process, on SIGUSR1 or SIGTERM, sends SIGUSR1
-straight to the workers (the agent's children). They finish the step, save a checkpoint and exit
-with lmpipe.train.loop.EXIT_STOPPED; torchrun then fails, and so does the job, for Snakemake to
-retry.
-Under srun, the same forwarding runs on every node (`--node-agent`); srun passes the signal on.
+Signals. SLURM sends SIGUSR1 or SIGTERM before a time limit or a preemption, a terminal's Ctrl-C
+sends SIGINT; either way the workers must finish the step, checkpoint and exit non-zero. torchrun's
+agent does not forward SIGUSR1 (its default action kills the agent and orphans the workers), and
+answers SIGTERM or SIGINT by passing it on and killing the workers `--shutdown-timeout` seconds
+later, with a SignalException traceback. So this process, on any of the three, signals the
+workers (the agent's children) itself, once each: SIGINT as SIGINT (their record of the stop),
+the others as SIGUSR1. They save a checkpoint, rank 0 logs one line, and they exit with
+EXIT_STOPPED (lmpipe.failures); torchrun, run by lmpipe.train.agent and told of the stop by a
+SIGUSR1, exits with it too, without its failure report, and so does this process: the job fails,
+for Snakemake to retry or for the next run to resume.
+
+Who gets a signal: torchrun is started with SIGUSR1 ignored, and in a session of its own, as
+torchrun starts each worker. A terminal's Ctrl-C (SIGINT to its foreground process group:
+Snakemake, and the job's shell, which `exec`s this process) thus reaches this process and not
+torchrun. Snakemake, on Ctrl-C, waits for its running jobs and signals none of them, so the
+checkpoint is written before it exits. SLURM signals every process of a job step, whatever its
+session (proctrack/cgroup and linuxproc; proctrack/pgid signals this process's group only, and it
+passes the signal on). Under srun, the same forwarding runs on every node (`--node-agent`); srun
+passes SIGUSR1 and SIGTERM on to the node agents (SIGINT is sent to it as SIGUSR1: srun answers
+one SIGINT with a status report).
 
 A SIGTERM that reaches torchrun itself (SLURM signals every process of a job step at a time
 limit or on `scancel`) makes its agent stop the workers and kill them `--shutdown-timeout` seconds
@@ -58,7 +70,7 @@ PRETRAIN_WORKER = "lmpipe.train.pretrain"
 # `LMPIPE_FRESH_START=1 snakemake --forcerun results/runs/RUN/train/final`: not a config setting,
 # so that it never reruns a job by itself.
 FRESH_START_ENV = "LMPIPE_FRESH_START"
-FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 TORCHRUN_SHUTDOWN_S = 30  # torchrun's own --shutdown-timeout
 CHECKPOINT_BYTES_A_PARAM = 12  # fp32 weights and AdamW's two moments
 WRITE_MARGIN = 3  # the disk figure is assumed; measured here at a third of it (171 vs 500 MB/s)
@@ -110,7 +122,7 @@ def torchrun_command(
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "lmpipe.train.agent",  # torchrun, quiet after a stop
         f"--nproc-per-node={launch.procs_per_node}",
         f"--shutdown-timeout={grace_s}",
     ]
@@ -166,10 +178,44 @@ def _prepare_agent() -> None:
     die_with_parent(signal.SIGTERM)
 
 
+def passed_on(signum: int, to_workers: bool) -> signal.Signals:
+    """The signal the workers (to_workers) or srun get for the one this process got: SIGINT as
+    SIGINT to the workers, their record of the stop; SIGUSR1 for everything else, but SIGTERM
+    to srun (passed on as SLURM's own)."""
+    if signum == signal.SIGINT:
+        return signal.SIGINT if to_workers else signal.SIGUSR1
+    return signal.SIGUSR1 if to_workers else signal.Signals(signum)
+
+
+def stop_workers(agent: subprocess.Popen, sig: signal.Signals, signalled: set[int]) -> None:
+    """`sig` once to each worker (the agent's children), and SIGUSR1 once to the agent, which then
+    keeps quiet about workers that stop (lmpipe.train.agent). Called on the signal, then every
+    second (torchrun may still be spawning workers). Never twice: a worker that has saved and is
+    exiting has Python's handlers reset, and a second signal would kill it instead of its exit
+    code."""
+    try:
+        procs = [psutil.Process(agent.pid), *psutil.Process(agent.pid).children()]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        if proc.pid not in signalled:
+            signalled.add(proc.pid)
+            try:
+                proc.send_signal(signal.SIGUSR1 if proc.pid == agent.pid else sig)
+            except psutil.NoSuchProcess:
+                pass
+
+
 def run_forwarding(cmd: list[str], env: dict[str, str], to_workers: bool) -> int:
-    """Run `cmd`; on SIGUSR1/SIGTERM signal the workers (to_workers) or `cmd` itself (srun)."""
+    """Run `cmd`; on SIGUSR1, SIGTERM or SIGINT stop the workers (to_workers) or signal `cmd`
+    itself (srun). Returns its exit code, 128 + N if signal N ended it."""
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=_prepare_agent if to_workers else None)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        preexec_fn=_prepare_agent if to_workers else None,
+        start_new_session=to_workers,  # out of this group: a terminal's Ctrl-C reaches us only
+    )
 
     got: list[int] = []
     signalled: set[int] = set()
@@ -177,10 +223,12 @@ def run_forwarding(cmd: list[str], env: dict[str, str], to_workers: bool) -> int
     def forward(signum: int, frame: Any) -> None:
         got.append(signum)
         print(f"lmpipe.train: got {signal.Signals(signum).name}", file=sys.stderr, flush=True)
-        if not to_workers:  # srun passes SIGUSR1/SIGTERM on to the node agents
-            proc.send_signal(signum)
+        if to_workers:  # now, not at the next tick: a step may be shorter than the tick
+            stop_workers(proc, passed_on(got[0], to_workers=True), signalled)
+        else:
+            proc.send_signal(passed_on(signum, to_workers=False))
 
-    for sig in FORWARDED:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, forward)
     while True:
         try:
@@ -189,16 +237,7 @@ def run_forwarding(cmd: list[str], env: dict[str, str], to_workers: bool) -> int
         except subprocess.TimeoutExpired:
             pass
         if got and to_workers:
-            # once to each worker (checked every second: torchrun may still be spawning them).
-            # Never twice: a worker that has saved and is exiting has Python's handlers reset,
-            # and a second SIGUSR1 would kill it with the signal instead of its exit code.
-            for worker in psutil.Process(proc.pid).children():
-                if worker.pid not in signalled:
-                    signalled.add(worker.pid)
-                    try:
-                        worker.send_signal(signal.SIGUSR1)
-                    except psutil.NoSuchProcess:
-                        pass
+            stop_workers(proc, passed_on(got[0], to_workers=True), signalled)
     return code if code >= 0 else 128 - code
 
 

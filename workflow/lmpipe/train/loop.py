@@ -6,8 +6,8 @@ The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens`, the op
 `train.optimizer` with the schedule's lr, gradient clipping, validation every `val_every` steps,
 the evaluations during training it is handed, each when it says it is due (the loop names none:
 lmpipe.train.evaluators), a DCP checkpoint every `checkpoint_every` steps. A NaN/inf loss stops
-the run with an error; SIGUSR1/SIGTERM save a checkpoint and exit with EXIT_STOPPED, for a
-retry to resume.
+the run with an error; SIGUSR1, SIGTERM or SIGINT (Ctrl-C) save a checkpoint at the end of the
+step and exit with EXIT_STOPPED, for a retry to resume.
 
 Writes under --out: `metrics.jsonl`, `attempts.jsonl` (each start and end: lmpipe.train.attempts),
 `tb/`, `provenance.json`, `checkpoints/step_NNNNNN/` (resumed automatically) and `final/` (the
@@ -50,6 +50,7 @@ from lmpipe.config import (
 )
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
+from lmpipe.failures import EXIT_STOPPED, stop_line
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
 from lmpipe.models import attention, build_model
 from lmpipe.models.head_loss import loss_function
@@ -71,7 +72,8 @@ from lmpipe.train.wandb_log import run_config as wandb_config
 
 log = logging.getLogger("lmpipe.train")
 
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped by a signal after a checkpoint; a retry resumes
+# each stops the run after the step and a checkpoint, with EXIT_STOPPED: a retry resumes
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 # train settings that never change the trajectory (logging, evaluation and checkpointing only;
 # the evaluations during training are the job's `during_training`, never hashed either)
 NOT_TRAJECTORY = (
@@ -99,11 +101,12 @@ class NonFiniteLossError(RuntimeError):
 
 
 class StopFlag:
-    """Set by SIGUSR1/SIGTERM; the loop acts on it at the next step boundary, on all ranks."""
+    """Set by SIGUSR1, SIGTERM or SIGINT; the loop acts on it at the next step boundary, on all
+    ranks."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -530,13 +533,10 @@ class Trainer:
         self.attempt.saved(step)
 
     def stopped(self, stop: StopFlag) -> int:
-        """The exit after a signal's checkpoint: a retry resumes from it."""
-        log.warning(
-            "stopping at step %d on a signal; a restart resumes from there", self.progress.step
-        )
-        # a repeated SIGUSR1 (SLURM and the launcher both send one) must not kill the exit:
-        # Python resets its handlers to the default while finalizing, not ignored signals
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        """The exit after a signal's checkpoint: a retry resumes from it. One line in the log
+        (rank 0's), which the onerror hook reads back (lmpipe.failures)."""
+        if self.d.is_main:
+            log.warning(stop_line(self.progress.step, stop.name))
         self.metrics.close()
         self.attempt.end("signal", signal=stop.name)
         return EXIT_STOPPED
@@ -655,4 +655,10 @@ def worker_main(
         wandb = build(WandbConfig, json.loads(args.wandb), "--wandb") if args.wandb else None
         return run(job, task, args.out, d, stop, args.fresh_start, evaluators, wandb)
     finally:
+        # the run is over: a stop signal now (a repeated SIGUSR1, as SLURM and the launcher both
+        # send one; a Ctrl-C after the last step) must not kill the exit, with a code torchrun
+        # would take for a failure. Python resets its handlers to the default while finalizing,
+        # not ignored signals.
+        for sig in (signal.SIGUSR1, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         dist.destroy_process_group()
