@@ -562,12 +562,14 @@ def node_cpus() -> int:
 @pytest.fixture
 def fresh_workdir(tmp_path, cluster):
     """A workdir of its own (nothing tokenized yet), with a GPU run on the embedded data whose
-    nodes have 512 CPUs: tokenize asks for a node's CPUs, more than any test node has."""
+    nodes have 512 CPUs: tokenize asks for a node's CPUs, more than any test node has. The
+    download runs here (cluster.downloads: local), so tokenize is the one SLURM job."""
     wd = make_workdir(tmp_path / "wd")
     shutil.copy(OVERLAY, wd / "slurm-test.yaml")
     big = dict(OVERLAY_RUNS["embedded-a"])
     big["launch"] = {**big["launch"], "device": "cuda", "cpus_per_task": 512}
-    (wd / "big-node.yaml").write_text(yaml.safe_dump({"runs": {"big-node": big}}))
+    overlay = {"runs": {"big-node": big}, "cluster": {"downloads": "local"}}
+    (wd / "big-node.yaml").write_text(yaml.safe_dump(overlay))
     return wd
 
 
