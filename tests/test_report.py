@@ -495,6 +495,26 @@ def test_progress_report_from_a_config_file(tmp_path: Path) -> None:
         progress.main(["--config", str(DEFAULT_CONFIG), "--report", "nope", "--out", str(out)])
 
 
+def test_a_progress_report_takes_a_sites_settings_as_snakemake_does(tmp_path: Path) -> None:
+    """`--configfile site.yaml` merged over the config (docs/cluster.md): the site's results
+    folder is the one read, where embedded-a's metrics say it has trained 3 steps (12.3K
+    tokens)."""
+    from lmpipe.paths import DEFAULT_CONFIG
+    from lmpipe.report import progress
+
+    site = tmp_path / "site.yaml"
+    site.write_text(f"paths:\n  results: {tmp_path / 'elsewhere'}\n  data: {tmp_path / 'd'}\n")
+    train = tmp_path / "elsewhere/runs/embedded-a/train"
+    train.mkdir(parents=True)
+    lines = [{"step": s, "tokens": 4096 * s, "loss": 10.0 - s, "lr": 1e-3} for s in (1, 2, 3)]
+    (train / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    out = tmp_path / "progress.html"
+    args = ["--config", str(DEFAULT_CONFIG), "--report", "embedded", "--out", str(out)]
+    progress.main([*args, "--configfile", str(site)])
+    row = row_text(out.read_text(), "headline-embedded-a")
+    assert "not finished" in row and "12.3K" in row, row
+
+
 def test_fine_tuned_run_beside_its_base(layout: Layout, tmp_path: Path) -> None:
     """A chat fine-tuning run: chat evals side by side with its base's, measured on the base's
     text data (its own dataset is conversations, with no tokens manifest)."""

@@ -26,8 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from lmpipe import config as lmconfig
 from lmpipe import costs
 from lmpipe.cluster import SINFO_COMMAND, Ask, Cluster, ClusterError, gres_gpus, read_cluster
@@ -327,10 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             GPU_BF16_PEAK[name.lower()], args.gpu = float(peak), name
         except ValueError:
             p.error(f"--gpu {args.gpu}: PEAK must be a number of FLOP/s (e.g. {name}=165e12)")
-    config = yaml.safe_load(Path(args.config).read_text())
-    for overlay in args.configfile:
-        config = merge(config, yaml.safe_load(Path(overlay).read_text()))
-    schema.validate(config)
+    config = schema.load_config(args.config, args.configfile)
     match = re.fullmatch(r"(?:.*/)?report_(.+)\.html", args.target)
     report = match.group(1) if match else args.target
     if report not in config["reports"]:
@@ -347,14 +342,6 @@ def main(argv: list[str] | None = None) -> int:
     price = config["reports"][report]["gpu_hour_price"] if args.price is None else args.price
     print(format_plan(jobs, price, report, where))
     return 1 if any(j.problems for j in jobs) else 0
-
-
-def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
-    """Snakemake's --configfile merge: nested keys of `overlay` replace `base`'s."""
-    out = dict(base)
-    for k, v in overlay.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 if __name__ == "__main__":

@@ -117,12 +117,23 @@ def validate_registry_sections(config: dict[str, Any]) -> None:
             optimizer_settings(r["train"]["optimizer"], f"runs.{name}.train.optimizer")
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
-    """Read and validate a config file (the same checks as the Snakefile's)."""
+def load_config(path: str | Path, overlays: list[str | Path] = ()) -> dict[str, Any]:
+    """Read a config file, merge `overlays` over it as `snakemake --configfile` does (a site's
+    settings, docs/cluster.md), and validate it (the same checks as the Snakefile's)."""
     with open(path) as f:
         config = yaml.safe_load(f)
+    for overlay in overlays:
+        config = merge(config, yaml.safe_load(Path(overlay).read_text()) or {})
     validate(config)
     return config
+
+
+def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """Snakemake's --configfile merge: nested keys of `overlay` replace `base`'s."""
+    out = dict(base)
+    for k, v in overlay.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def check_muon(config: dict[str, Any], name: str, model: Any) -> None:

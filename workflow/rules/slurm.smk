@@ -80,11 +80,15 @@ def check_jobs_fit():
         if why:
             refused.append(f"lmpipe: rule {job_label(job)} {why}")
     if refused:
-        raise WorkflowError(
-            "\n".join(refused)
-            + "\nnothing submitted; lower a rule's ask (--set-threads, --set-resources, a"
+        # said as lines, not as an exception (whose traceback would bury them), and the run
+        # ends with exit status 1 before the scheduler starts: nothing is submitted
+        for line in refused:
+            logger.error(line)
+        logger.error(
+            "lmpipe: nothing submitted; lower a rule's ask (--set-threads, --set-resources, a"
             " run's launch: settings) or set SBATCH_PARTITION"
         )
+        raise SystemExit(1)
 
 
 def watch_pending(every_s=15.0):
