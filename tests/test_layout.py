@@ -33,6 +33,7 @@ GROUND = {
     "config_schema",
     "failures",
     "hf_folder",
+    "import_noise",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and
