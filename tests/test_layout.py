@@ -33,6 +33,7 @@ GROUND = {
     "config_schema",
     "failures",
     "hf_folder",
+    "job_params",
     "import_noise",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe

@@ -36,7 +36,8 @@ rule train:
         tasks=get_train_tasks,
         slurm_extra=get_train_signal,
     params:
-        cfg=lambda wc: lmconfig.train_params(config, wc.run),
+        cfg=get_train_params,  # the rerun trigger; the job reads them from cfg_file
+        cfg_file=as_file(get_train_params),
         # the module torchrun runs on every rank; both run lmpipe.train.loop
         worker=lambda wc: (
             "lmpipe.chat.finetune"
@@ -50,7 +51,7 @@ rule train:
     # exec: the launcher replaces the shell, so a SIGTERM from SLURM (sent to every process of
     # the job step) reaches it and its workers without killing the shell between them first
     shell:
-        "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg:q}"
+        "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg_file:q}"
         " --data {input.data:q} {params.init} {params.evals}"
         " {params.wandb}"
         " --out {params.out:q}"

@@ -47,6 +47,7 @@ from typing import Any
 import psutil
 
 from lmpipe.config import Placement, TrainJob
+from lmpipe.job_params import PREFIX
 from lmpipe.registry import ARCHITECTURES
 from lmpipe.throughputs import figure
 from lmpipe.train.parallel import die_with_parent
@@ -203,8 +204,11 @@ def run_forwarding(cmd: list[str], env: dict[str, str], to_workers: bool) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config-json", help="the train rule's params (JSON)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        fromfile_prefix_chars=PREFIX,  # --config-json @FILE (lmpipe.job_params)
+    )
+    parser.add_argument("--config-json", help="the train rule's params (JSON, or @FILE holding it)")
     parser.add_argument("--data", type=Path, help="the data's manifest.json")
     parser.add_argument("--out", type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a file an evaluation during training reads, by kind (passed on to the worker)",
     )  # fmt: skip
     parser.add_argument("--worker", default=PRETRAIN_WORKER, help="the module torchrun runs")
-    parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
+    parser.add_argument("--wandb", help="the run's logging.wandb (JSON or @FILE); absent: off")
     parser.add_argument(
         "--fresh-start",
         action="store_true",

@@ -51,6 +51,7 @@ from lmpipe.config import (
 from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
+from lmpipe.job_params import PREFIX
 from lmpipe.models import attention, build_model
 from lmpipe.models.head_loss import loss_function
 from lmpipe.train import fp8
@@ -621,8 +622,10 @@ def worker_main(
 ) -> int:
     """A torchrun worker: parse the launcher's arguments, join the process group, build the
     task, train. `make_task(job, data, dist, init)` is the worker's own part."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config-json", required=True, help="the train rule's params (JSON)")
+    parser = argparse.ArgumentParser(description=description, fromfile_prefix_chars=PREFIX)
+    parser.add_argument(
+        "--config-json", required=True, help="the train rule's params (JSON, or @FILE holding it)"
+    )
     parser.add_argument("--data", required=True, type=Path, help="the data's manifest.json")
     parser.add_argument("--out", required=True, type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
@@ -633,7 +636,7 @@ def worker_main(
     parser.add_argument(
         "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
     )
-    parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
+    parser.add_argument("--wandb", help="the run's logging.wandb (JSON or @FILE); absent: off")
     args = parser.parse_args(argv)
     stop = StopFlag()  # first: a signal during start-up is acted on at the first step boundary
     job = TrainJob.from_json(args.config_json)
