@@ -210,14 +210,23 @@ def get_train_inputs(wildcards):
     else:
         base = lmconfig.base_source(config, wildcards.run)
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
+        # the base's text, replayed in each step (lmpipe.chat.replay)
+        if run.sft.replay:
+            inputs["replay"] = lmconfig.text_tokens(config, wildcards.run)
     for name in lmconfig.in_training(run):
         for kind in EVALUATIONS[name].inputs:
             inputs[kind] = lmconfig.INPUT_FILES[kind](config, wildcards.run)
     return inputs
 
 
-def get_init_arg(wildcards, input):
-    return f"--init {shlex.quote(input.init)}" if "init" in input.keys() else ""
+def get_base_args(wildcards, input):
+    """`--init` (the base's weights) and `--replay` (its text), where a fine-tuning run has them."""
+    flags = {"init": "--init", "replay": "--replay"}
+    return " ".join(
+        f"{flag} {shlex.quote(input[kind])}"
+        for kind, flag in flags.items()
+        if kind in input.keys()
+    )
 
 
 def get_train_eval_input_args(wildcards, input):
@@ -225,7 +234,7 @@ def get_train_eval_input_args(wildcards, input):
     pairs = [
         f"{kind}={path}"
         for kind, path in input.items()
-        if kind not in ("data", "init", "model")
+        if kind not in ("data", "init", "replay", "model")
     ]
     return " ".join(f"--eval-input {shlex.quote(pair)}" for pair in pairs)
 

@@ -44,7 +44,7 @@ rule train:
             if get_run(wc).fine_tuning
             else "lmpipe.train.pretrain"
         ),
-        init=get_init_arg,
+        base=get_base_args,  # a fine-tuning run's base: its weights, its text to replay
         evals=get_train_eval_input_args,  # the evaluations during training's files
         wandb=get_wandb_arg,  # not a trajectory setting: left out of the rerun check
         out=lambda wc: LAYOUT.train_dir(wc.run),
@@ -52,7 +52,7 @@ rule train:
     # the job step) reaches it and its workers without killing the shell between them first
     shell:
         "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg_file:q}"
-        " --data {input.data:q} {params.init} {params.evals}"
+        " --data {input.data:q} {params.base} {params.evals}"
         " {params.wandb}"
         " --out {params.out:q}"
         " > {log} 2>&1"

@@ -1,6 +1,6 @@
 """Start torchrun for a run, the way its `launch:` settings say, and pass signals to the workers.
 
-    python -m lmpipe.train --config-json J --data M --out DIR [--init P]
+    python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--replay M]
         [--eval-input KIND=PATH ...] [--wandb JSON] [--worker MODULE]
 
 (the train rule). The worker is a module torchrun runs on every rank: `lmpipe.train.pretrain` by
@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
     parser.add_argument(
+        "--replay", type=Path, help="the text replayed in fine-tuning: its tokens manifest"
+    )
+    parser.add_argument(
         "--eval-input", action="append", default=[], metavar="KIND=PATH",
         help="a file an evaluation during training reads, by kind (passed on to the worker)",
     )  # fmt: skip
@@ -245,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         str(args.out),
     ]
-    if args.init is not None:
-        worker_args += ["--init", str(args.init)]
+    for flag, path in (("--init", args.init), ("--replay", args.replay)):
+        if path is not None:
+            worker_args += [flag, str(path)]
     for kind_path in args.eval_input:
         worker_args += ["--eval-input", kind_path]
     if args.wandb:
