@@ -254,6 +254,27 @@ def test_replay_mixes_its_share_of_text_rows_alike_on_1_or_2_ranks_and_resumes_e
     assert torch.equal(again, x[5 * 8 :])
 
 
+def test_replay_from_a_mixture_takes_each_source_by_its_weight(tmp_path):
+    """A base trained on a mixture (a: 0.75, b: 0.25) replays both: with replay 0.4, 0.3 and 0.1
+    of the rows, each source's own next windows."""
+    from lmpipe.data.mixture import write_mixture
+
+    manifests = {
+        name: text_manifest(tmp_path / name, np.arange(start, start + 3000), name)
+        for name, start in (("a", 10_000), ("b", 20_000))
+    }
+    mixture = tmp_path / "ab" / "tokens" / "manifest.json"
+    write_mixture(mixture, "ab", {"a": 0.75, "b": 0.25}, manifests)
+    rows = np.zeros((20, 8), dtype=np.int64)
+    loader = ReplayLoader(rows, rows, "chat", text_sources(mixture), 0.4, 10, 80, DataShare(), 0)
+    x = torch.cat([loader.next_batch()[0] for _ in range(10)])  # 10 steps of 10 rows
+    for start, share in ((10_000, 0.3), (20_000, 0.1)):
+        mine = x[(x[:, 0] >= start) & (x[:, 0] < start + 3000)]
+        assert abs(len(mine) - share * 100) <= 1
+        assert torch.equal(mine[:, 0], start + 8 * torch.arange(len(mine)))  # its own stream
+    assert int((x[:, 0] == 0).sum()) == 60  # the conversations
+
+
 # ---- HF import -> export -------------------------------------------------------------------------
 
 
