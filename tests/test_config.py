@@ -315,7 +315,7 @@ def test_each_input_kind_has_its_one_path(tmp_path, cfg):
 def test_the_trainer_and_an_evaluation_read_their_params_back(tmp_path, cfg):
     config = schema.load_config(write(tmp_path, cfg))
     job = lmconfig.TrainJob.from_json(lmconfig.train_params(config, "embedded-a-chat"))
-    assert job.sft == lmconfig.SFTConfig(epochs=10, warmup_ratio=0.04)
+    assert job.sft == lmconfig.SFTConfig(epochs=10, warmup_ratio=0.04, replay=0.05)
     assert job.base == lmconfig.BaseConfig(run="embedded-a")
     assert job.train.optimizer.weight_decay == 0.0 and job.launch.world_size == 1
     ev = lmconfig.EvalJob.from_json(lmconfig.eval_params(config, "embedded-a", "hellaswag"))
