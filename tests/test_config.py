@@ -392,9 +392,9 @@ def test_sft_replay_is_in_a_fine_tuning_runs_params_only_when_on(tmp_path, cfg):
     [(0.0, 1100), (0.1, 1230), (0.25, 1470), (0.5, 2210)],  # by hand: 10 * (443 // (4 (1 - r)))
 )
 def test_a_fine_tuning_runs_steps_keep_its_epochs_of_conversations(replay, steps):
-    """443 training conversations, 4 rows a step, 10 epochs: 110 steps an epoch without replay
-    (the demo's 1,100), and 443 // (4 * (1 - replay)) with it, its conversation rows being the
-    rest of each step."""
+    """443 training conversations (the demo's), 4 rows a step, 10 epochs: 110 steps an epoch
+    without replay, and 443 // (4 * (1 - replay)) with it, its conversation rows being the rest
+    of each step."""
     assert lmconfig.SFTConfig(epochs=10, replay=replay).steps(443, 4) == steps
     assert lmconfig.SFTConfig(epochs=1, replay=replay).steps(1, 4) == 0  # under one step
 
