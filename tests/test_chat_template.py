@@ -5,6 +5,10 @@ alone does not fit, and a reply that ends at end-of-text."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -135,3 +139,19 @@ def test_a_reply_ends_at_end_of_text(chat, steered, capsys):
     # lmpipe-chat streams the reply: nothing after end-of-text is printed either
     assert cli.main([str(steered), "--prompt", "Hi", "--max-new-tokens", "6"]) == 0
     assert capsys.readouterr().out == "ASSISTANT: Hello there\n"
+
+
+def test_lmpipe_chat_starts_with_no_warning_and_prints_the_conversation_only(steered):
+    """The installed `lmpipe-chat` in a fresh process (transformers imported anew, and through
+    it torchao, whose CUDA kernels cannot load on this CPU build of torch): stdout is the reply,
+    stderr empty (no library's load warning, no progress bar)."""
+    script = Path(sys.executable).parent / "lmpipe-chat"
+    proc = subprocess.run(
+        [str(script), str(steered), "--prompt", "Hi", "--max-new-tokens", "6"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ASSISTANT: Hello there\n"
+    assert proc.stderr == ""

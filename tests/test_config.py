@@ -142,6 +142,10 @@ def test_an_exponent_without_a_point_gets_the_yaml_hint(tmp_path):
         (lambda c: c["models"]["d12"].update(n_head=7), "models.d12: n_embd 768 is not divisible"),
         (lambda c: c["datasets"]["embedded"].pop("path"), "datasets.embedded: source 'local'"),
         (
+            lambda c: c["runs"]["embedded-a-chat"]["sft"].update(replay=1),
+            "runs.embedded-a-chat.sft.replay: 1 is greater than or equal to the maximum of 1",
+        ),
+        (
             lambda c: c["runs"]["124m"]["eval"]["hellaswag"].update(file="ful"),
             "runs.124m.eval.hellaswag.file: unknown HellaSwag file 'ful' (did you mean 'full'?)",
         ),
@@ -311,7 +315,7 @@ def test_each_input_kind_has_its_one_path(tmp_path, cfg):
 def test_the_trainer_and_an_evaluation_read_their_params_back(tmp_path, cfg):
     config = schema.load_config(write(tmp_path, cfg))
     job = lmconfig.TrainJob.from_json(lmconfig.train_params(config, "embedded-a-chat"))
-    assert job.sft == lmconfig.SFTConfig(epochs=10, warmup_ratio=0.04)
+    assert job.sft == lmconfig.SFTConfig(epochs=10, warmup_ratio=0.04, replay=0.05)
     assert job.base == lmconfig.BaseConfig(run="embedded-a")
     assert job.train.optimizer.weight_decay == 0.0 and job.launch.world_size == 1
     ev = lmconfig.EvalJob.from_json(lmconfig.eval_params(config, "embedded-a", "hellaswag"))
@@ -365,6 +369,34 @@ def test_the_compile_scope_and_mode_are_in_a_runs_params_and_hash_only_when_set(
     before = copy.deepcopy(off)
     before["train"] |= {"compile_scope": "regions", "compile_mode": "default"}  # as filled in
     assert digest(before) == digest(off) != digest(on)
+
+
+def test_sft_replay_is_in_a_fine_tuning_runs_params_only_when_on(tmp_path, cfg):
+    """Fine-tuning runs trained before sft.replay existed: at 0 (the default) their params hold
+    no such key, so Snakemake reruns none of them; on, the key and its share are there."""
+    cfg["runs"]["embedded-a-chat"]["sft"].pop("replay", None)  # as a config before the key
+    config = schema.load_config(write(tmp_path, cfg))
+    off = json.loads(lmconfig.train_params(config, "embedded-a-chat"))
+    assert off["sft"] == {"epochs": 10, "warmup_ratio": 0.04}  # the keys before replay
+    assert config["runs"]["embedded-a-chat"]["sft"]["replay"] == 0  # the schema's default
+    config["runs"]["embedded-a-chat"]["sft"]["replay"] = 0.25
+    on = json.loads(lmconfig.train_params(config, "embedded-a-chat"))
+    assert on["sft"] == off["sft"] | {"replay": 0.25}
+    assert {k: v for k, v in on.items() if k != "sft"} == {
+        k: v for k, v in off.items() if k != "sft"
+    }
+
+
+@pytest.mark.parametrize(
+    "replay, steps",
+    [(0.0, 1100), (0.1, 1230), (0.25, 1470), (0.5, 2210)],  # by hand: 10 * (443 // (4 (1 - r)))
+)
+def test_a_fine_tuning_runs_steps_keep_its_epochs_of_conversations(replay, steps):
+    """443 training conversations (the demo's), 4 rows a step, 10 epochs: 110 steps an epoch
+    without replay, and 443 // (4 * (1 - replay)) with it, its conversation rows being the rest
+    of each step."""
+    assert lmconfig.SFTConfig(epochs=10, replay=replay).steps(443, 4) == steps
+    assert lmconfig.SFTConfig(epochs=1, replay=replay).steps(1, 4) == 0  # under one step
 
 
 def test_one_gres_builder_for_the_train_rule_and_the_derived_resources():

@@ -36,6 +36,8 @@ GROUND = {
     "hf_folder",
     "cluster",
     "pending",
+    "job_params",
+    "import_noise",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and

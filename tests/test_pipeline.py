@@ -172,6 +172,33 @@ def test_the_fine_tuned_run_answers_with_the_vicuna_identity(built: Path) -> Non
     assert "resumed from" not in log and "embedded-a-chat" in log
 
 
+def test_the_fine_tuned_run_keeps_its_pretraining(built: Path) -> None:
+    """The demo's chat fine-tuning replays its base's FineWeb text (sft.replay): its FineWeb val
+    loss stays at its base's or below, far under an untrained model's ln(50,257) = 10.82 (10
+    epochs of the conversations alone took it to 15.9), and the report's verdict says nothing
+    of lost pretraining."""
+    val = {
+        run: json.loads((built / f"results/runs/{run}/eval/val_loss.json").read_text())["value"]
+        for run in ("embedded-a-chat", "embedded-a")
+    }
+    assert val["embedded-a-chat"] < min(val["embedded-a"] + 0.1, 10.82), val
+    html = (built / "results" / f"report_{REPORT}.html").read_text()
+    verdict = re.search(r'<ul id="findings">(.*?)</ul>', html, re.S).group(1)
+    assert "lost its pretraining" not in verdict, verdict
+    metrics = (built / "results/runs/embedded-a-chat/train/metrics.jsonl").read_text()
+    last = [json.loads(line) for line in metrics.splitlines() if '"loss"' in line][-1]
+    assert last["tokens_by_source"]["embedded"] > 0  # it read the base's text
+
+
+def test_a_replay_setting_reruns_that_fine_tuning_only(built: Path) -> None:
+    """sft.replay of embedded-a-chat: its training, conversion and evaluations, and the report;
+    not its base's nor embedded-b's."""
+    config = base_config(built)
+    config["runs"]["embedded-a-chat"]["sft"]["replay"] = 0.5
+    expected = jobs_of(config, "embedded-a-chat", retrained=True) | {("report", REPORT)}
+    assert planned_jobs(built, config) == expected
+
+
 def test_nothing_changed_nothing_to_do(built: Path) -> None:
     assert planned_jobs(built) == set()
     assert "Nothing to be done" in snakemake(built, "-n").stdout

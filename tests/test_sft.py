@@ -22,9 +22,12 @@ import torch.distributed.checkpoint as dcp
 from conftest import RESOURCES, TOKENIZER_DIR, kill_at_checkpoint
 from lmpipe.chat.data import IGNORE, prepare, split_of, to_row, write
 from lmpipe.chat.loader import ConversationLoader, load_split
+from lmpipe.chat.replay import ReplayLoader
 from lmpipe.chat.template import MalformedConversation, check_conversation, render
 from lmpipe.config import ConversationsConfig
 from lmpipe.data.loader import DataShare
+from lmpipe.data.mixture import text_sources
+from lmpipe.data.shards import write_shard
 from lmpipe.data.tokenizer import EOT, EOT_ID, gpt2_encoding
 from lmpipe.models.gpt2.model import GPT, GPTConfig
 
@@ -191,6 +194,87 @@ def test_conversation_loader_splits_steps_over_ranks_and_resumes_exactly():
     assert len(set(epochs[0].tolist())) == 40 and not torch.equal(epochs[0], epochs[1])
 
 
+def text_manifest(folder: Path, train: np.ndarray, name: str = "text") -> Path:
+    """A tokens manifest of one val shard and one train shard holding `train`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for i, (split, tokens) in enumerate([("val", train[:200]), ("train", train)]):
+        write_shard(folder / f"{name}_{split}_{i:06d}.bin", tokens.astype(np.uint16))
+        shards.append({"file": f"{name}_{split}_{i:06d}.bin", "split": split,
+                       "tokens": len(tokens)})  # fmt: skip
+    (folder / "manifest.json").write_text(json.dumps({"dataset": name, "shards": shards}))
+    return folder / "manifest.json"
+
+
+def test_replay_mixes_its_share_of_text_rows_alike_on_1_or_2_ranks_and_resumes_exactly(tmp_path):
+    """sft.replay 0.3 of steps of 8 rows: over 12 steps, within a row of 0.3 of the rows at every
+    step's end are text, each the next 9-token window of the text (its targets every next token,
+    none masked), the rest the conversations, each once an epoch, with their own mask; the rows
+    of a step are the same whatever the ranks; a loader restored from the state after 5 steps
+    (40 rows: not a whole number of the share's 10-row cycle) continues alike."""
+    T, B, replay = 8, 2, 0.3
+    rows = np.arange(10 * T).reshape(10, T)  # conversation i holds 8i..8i+7
+    targets = np.where(rows % 2 == 0, rows, -1)  # its "replies": the even tokens
+    stream = np.arange(1000, 3000)  # the text: token k of the stream is 1000 + k
+    text = text_sources(text_manifest(tmp_path, stream))
+
+    def loader(rank: int, ranks: int) -> ReplayLoader:
+        return ReplayLoader(rows, targets, "chat", text, replay, B, 8 * T, DataShare(rank, ranks),
+                            seed=3)  # fmt: skip
+
+    def step(loaders: list[ReplayLoader], micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's rows, micro-batch by micro-batch and rank by rank, as the ranks split it."""
+        batches = [ld.next_batch() for _ in range(micro) for ld in loaders]
+        return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+
+    one, two = [loader(0, 1)], [loader(r, 2) for r in range(2)]
+    xs, ys = [], []
+    for k in range(12):
+        x, y = step(one, 4)
+        assert all(torch.equal(a, b) for a, b in zip((x, y), step(two, 2), strict=True))
+        xs.append(x)
+        ys.append(y)
+        if k == 4:
+            resumed = loader(0, 1)
+            resumed.load_state_dict(one[0].state_dict())
+    x, y = torch.cat(xs), torch.cat(ys)
+    is_text = x[:, 0] >= 1000
+    taken = torch.cumsum(is_text.reshape(12, 8).sum(1), 0)
+    assert (torch.abs(taken - replay * 8 * torch.arange(1, 13)) <= 1).all(), taken
+    n = int(taken[-1])
+    start = 1000 + T * torch.arange(n)[:, None] + torch.arange(T)  # windows T apart
+    assert torch.equal(x[is_text], start) and torch.equal(y[is_text], start + 1)
+    conv = x[~is_text][:, 0] // T  # which conversation each row is
+    epochs = conv[:60].reshape(6, 10)
+    assert all(sorted(e.tolist()) == list(range(10)) for e in epochs)  # each once an epoch
+    assert not torch.equal(epochs[0], epochs[1])  # in another order
+    assert torch.equal(y[~is_text], torch.where(x[~is_text] % 2 == 0, x[~is_text], -1))
+    assert one[0].state_dict()["tokens_by_source"] == {"chat": (96 - n) * T, "text": n * T}
+    again = torch.cat([step([resumed], 4)[0] for _ in range(7)])
+    assert torch.equal(again, x[5 * 8 :])
+
+
+def test_replay_from_a_mixture_takes_each_source_by_its_weight(tmp_path):
+    """A base trained on a mixture (a: 0.75, b: 0.25) replays both: with replay 0.4, 0.3 and 0.1
+    of the rows, each source's own next windows."""
+    from lmpipe.data.mixture import write_mixture
+
+    manifests = {
+        name: text_manifest(tmp_path / name, np.arange(start, start + 3000), name)
+        for name, start in (("a", 10_000), ("b", 20_000))
+    }
+    mixture = tmp_path / "ab" / "tokens" / "manifest.json"
+    write_mixture(mixture, "ab", {"a": 0.75, "b": 0.25}, manifests)
+    rows = np.zeros((20, 8), dtype=np.int64)
+    loader = ReplayLoader(rows, rows, "chat", text_sources(mixture), 0.4, 10, 80, DataShare(), 0)
+    x = torch.cat([loader.next_batch()[0] for _ in range(10)])  # 10 steps of 10 rows
+    for start, share in ((10_000, 0.3), (20_000, 0.1)):
+        mine = x[(x[:, 0] >= start) & (x[:, 0] < start + 3000)]
+        assert abs(len(mine) - share * 100) <= 1
+        assert torch.equal(mine[:, 0], start + 8 * torch.arange(len(mine)))  # its own stream
+    assert int((x[:, 0] == 0).sum()) == 60  # the conversations
+
+
 # ---- HF import -> export -------------------------------------------------------------------------
 
 
@@ -239,8 +323,22 @@ def sft_data(tmp_path_factory) -> Path:
     return out / "manifest.json"
 
 
-def sft_command(data: Path, base: Path, out: Path, procs: int = 2, batch_tokens: int = 512):
-    """The fine-tuning worker's command: through the launcher (torchrun), or one process."""
+# the fine-tuning tests' model, as a train job's params give it
+TINY = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_size": 50257,
+        "padded_vocab_size": 50304, "arch": "gpt2"}  # fmt: skip
+
+
+def sft_command(
+    data: Path,
+    base: Path,
+    out: Path,
+    procs: int = 2,
+    batch_tokens: int = 512,
+    replay: float = 0.0,
+    text: Path | None = None,
+):
+    """The fine-tuning worker's command: through the launcher (torchrun), or one process; with
+    `replay`, `text` is the tokens manifest replayed."""
     train = {
         "seq_len": 64, "micro_batch": 4, "batch_tokens": batch_tokens, "max_steps": 0, "seed": 1337,
         "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "betas": [0.9, 0.95],
@@ -252,12 +350,14 @@ def sft_command(data: Path, base: Path, out: Path, procs: int = 2, batch_tokens:
     cfg = {
         "run": "chat", "dataset": "chat", "train": train,
         "sft": {"epochs": 1, "warmup_ratio": 0.04},
-        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_size": 50257,
-                  "padded_vocab_size": 50304, "arch": "gpt2"},
+        "model": TINY,
         "launch": {"device": "cpu", "nodes": 1, "procs_per_node": procs, "peak_flops": 1e12},
         "base": {"hf": str(base)},
     }  # fmt: skip
     args = ["--config-json", json.dumps(cfg), "--data", str(data), "--init", str(base)]
+    if replay:
+        cfg["sft"]["replay"] = replay
+        args = ["--config-json", json.dumps(cfg), *args[2:], "--replay", str(text)]
     if procs == 1:
         return [sys.executable, "-m", "lmpipe.chat.finetune", *args, "--out", str(out)]
     worker = ["--worker", "lmpipe.chat.finetune"]
@@ -275,52 +375,120 @@ def train_losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in lines if '"loss"' in line]
 
 
-def test_sft_starts_from_the_init_weights(tmp_path):
-    """A one-step fine-tuning run from a distinctive base (a final checkpoint, as the chat rule's
-    --init, with weights ~ N(0, 1): far from any init): its first held-out loss and its first
-    training loss (step 1's, measured before the update) are the base's own losses on the same
-    rows, computed here with the base model."""
-    from lmpipe.chat.finetune import main as finetune_main
+def test_replay_off_leaves_the_datas_identity_the_conversations_alone(sft_data, tmp_path):
+    """The data's part of the trajectory's hash: without replay the conversations' arrays, as
+    before sft.replay existed (half-trained runs resume); with it, the share and the text's
+    shards too. A --replay without sft.replay, or the reverse, is refused in one line."""
+    from types import SimpleNamespace
 
+    from lmpipe.chat.finetune import training_rows
+    from lmpipe.chat.loader import read_manifest
+    from lmpipe.config import TrainJob
+
+    text = text_manifest(tmp_path / "text", np.arange(3000))
+    dist = SimpleNamespace(group=DataShare(0, 1))
+
+    def rows(replay: float, replayed: Path | None):
+        job = TrainJob.from_json(sft_command(sft_data, Path("b"), Path("o"), 1, 512, replay)[4])
+        return training_rows(job, job.train, sft_data, dist, replayed)
+
+    loader, identity = rows(0.0, None)
+    assert isinstance(loader, ConversationLoader)
+    assert identity == read_manifest(sft_data).identity()  # the arrays' sha256, as before
+    loader, identity = rows(0.25, text)
+    assert isinstance(loader, ReplayLoader)
+    assert identity["replay"] == 0.25 and identity["text"]["text"]["shards"][1]  # its train shard
+    with pytest.raises(ValueError, match=r"runs.chat.sft.replay 0.25: needs --replay"):
+        rows(0.25, None)
+    with pytest.raises(ValueError, match=r"--replay .*: runs.chat.sft.replay is 0"):
+        rows(0.0, text)
+
+
+def identity_conversations(folder: Path, train: list[int]) -> Path:
+    """The identity conversations numbered `train` to train on, and identity_9 held out
+    (PINNED_SPLITS), prepared in rows of 64 tokens."""
     records = json.loads((RESOURCES / "dummy_conversation.json").read_text())
-    records = [r for r in records if r["id"] in ("identity_0", "identity_1", "identity_2",
-                                                  "identity_3", "identity_9")]  # fmt: skip
-    cfg = data_config(seq_len=64)  # identity_9 is held out (PINNED_SPLITS), the rest train
-    write(prepare(records, cfg, ENC), cfg, tmp_path / "sft")
-    data = tmp_path / "sft" / "manifest.json"
-    assert json.loads(data.read_text())["kept"] == {"train": 4, "val": 1}  # 1 step of 4 rows
+    ids = {f"identity_{i}" for i in [*train, 9]}
+    records = [r for r in records if r["id"] in ids]
+    cfg = data_config(seq_len=64)
+    write(prepare(records, cfg, ENC), cfg, folder)
+    data = folder / "manifest.json"
+    assert json.loads(data.read_text())["kept"] == {"train": len(train), "val": 1}
+    return data
 
+
+def distinctive_base(init: Path) -> GPT:
+    """A final checkpoint at `init`, as the chat rule's --init, of a tiny GPT whose weights are
+    ~ N(0, 1): far from any init. Returns the model."""
     torch.manual_seed(5)
     base = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64))
     with torch.no_grad():
         for p in base.parameters():
             p.normal_(0.0, 1.0)
-    init, out = tmp_path / "base" / "final", tmp_path / "out"
-    argv = sft_command(data, init, out, procs=1, batch_tokens=256)[3:]  # the worker's arguments
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save({"model": base.state_dict()}, checkpoint_id=init)
-    meta = {"run": "base", "model": json.loads(argv[1])["model"], "train": {},
-            "settings_hash": "b", "step": 9, "tokens": 0, "world_size": 1}  # fmt: skip
+    meta = {"run": "base", "model": TINY, "train": {}, "settings_hash": "b", "step": 9,
+            "tokens": 0, "world_size": 1}  # fmt: skip
     (init / "meta.json").write_text(json.dumps(meta))
+    return base
 
-    @torch.no_grad()
-    def base_loss(split: str) -> float:  # all the split's rows: the order does not matter
-        x, y = (torch.from_numpy(a).long() for a in load_split(data, split))
-        return base(x, y)[1].item()
 
-    assert abs(base_loss("train") - 10.8) > 1  # not what a fresh init gives (~ln(50257))
-    # the worker's own entry point, in this process (a one-rank group; no torch start-up to pay)
+def run_worker(argv: list[str]) -> list[dict]:
+    """The fine-tuning worker's own entry point, in this process (a one-rank group; no torch
+    start-up to pay); its metrics' records."""
+    from lmpipe.chat.finetune import main as finetune_main
+
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
     try:
         assert finetune_main(argv) == 0
     finally:
         for sig, handler in handlers.items():  # the worker's stop flag takes both
             signal.signal(sig, handler)
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    out = Path(argv[argv.index("--out") + 1])
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@torch.no_grad()
+def mean_loss(model: GPT, rows: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """The model's mean loss over every counted target of the rows, all in one batch."""
+    x, y = (torch.from_numpy(np.concatenate(a)).long() for a in zip(*rows, strict=True))
+    return model(x, y)[1].item()
+
+
+def test_sft_starts_from_the_init_weights(tmp_path):
+    """A one-step fine-tuning run from a distinctive base: its first held-out loss and its first
+    training loss (step 1's, measured before the update) are the base's own losses on the same
+    rows, computed here with the base model."""
+    data = identity_conversations(tmp_path / "sft", train=[0, 1, 2, 3])  # 1 step of 4 rows
+    init, out = tmp_path / "base" / "final", tmp_path / "out"
+    base = distinctive_base(init)
+    train, val = load_split(data, "train"), load_split(data, "val")
+    assert abs(mean_loss(base, [train]) - 10.8) > 1  # not a fresh init's (~ln(50257))
+    argv = sft_command(data, init, out, procs=1, batch_tokens=256)[3:]  # the worker's arguments
+    records = run_worker(argv)
     assert records[0]["step"] == 0 and records[1]["step"] == 1
-    assert records[0]["val_loss"] == pytest.approx(base_loss("val"), rel=1e-5)
-    assert records[1]["loss"] == pytest.approx(base_loss("train"), rel=1e-5)
+    assert records[0]["val_loss"] == pytest.approx(mean_loss(base, [val]), rel=1e-5)
+    assert records[1]["loss"] == pytest.approx(mean_loss(base, [train]), rel=1e-5)
+
+
+def test_replayed_text_counts_in_the_loss_on_every_token(tmp_path):
+    """sft.replay 0.25 of a step of 4 rows: 3 conversations and the text's first 65 tokens as
+    one plain row. From a distinctive base, step 1's loss (measured before the update) is the
+    base's mean loss over the conversations' replies and every next token of that row, together;
+    the metrics count the tokens each source gave."""
+    data = identity_conversations(tmp_path / "sft", train=[0, 1, 2])  # 1 step: 3 + 1 text row
+    stream = np.random.default_rng(0).integers(0, 50257, 3000)
+    text = text_manifest(tmp_path / "text", stream)
+    init, out = tmp_path / "base" / "final", tmp_path / "out"
+    base = distinctive_base(init)
+    conversations, window = load_split(data, "train"), (stream[None, :64], stream[None, 1:65])
+    replayed = mean_loss(base, [conversations, window])
+    assert abs(replayed - mean_loss(base, [conversations])) > 0.5  # the text row tells
+    argv = sft_command(data, init, out, procs=1, batch_tokens=256, replay=0.25, text=text)[3:]
+    records = run_worker(argv)
+    assert records[1]["step"] == 1 and records[1]["loss"] == pytest.approx(replayed, rel=1e-5)
+    assert records[1]["tokens_by_source"] == {"chat": 3 * 64, "text": 64}
 
 
 @pytest.mark.slow
@@ -352,6 +520,36 @@ def test_sft_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
     kill_at_checkpoint(sft_command(sft_data, hf_base, out), env, out, step=4)
     restart = subprocess.run(sft_command(sft_data, hf_base, out), env=env, capture_output=True,
                              text=True, timeout=300)  # fmt: skip
+    assert restart.returncode == 0, restart.stderr
+    assert "resumed from" in restart.stderr
+    assert train_losses(out) == train_losses(ref)
+    a, b = final_state(out), final_state(ref)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_sft_with_replay_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp_path):
+    """sft.replay 0.25 on 2 ranks, steps of 8 rows (6 conversations, 2 text rows): an epoch is
+    the training conversations // 6 steps; killed at its step-8 checkpoint and restarted, the run
+    ends bit for bit as one that never stopped, having replayed 2 rows of text a step."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    text = text_manifest(tmp_path / "text", np.random.default_rng(1).integers(0, 50257, 4000))
+
+    def command(out: Path) -> list[str]:
+        return sft_command(sft_data, hf_base, out, replay=0.25, text=text)
+
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    subprocess.run(command(ref), env=env, check=True, timeout=300, capture_output=True)
+    meta = json.loads((ref / "final/meta.json").read_text())
+    steps = json.loads(sft_data.read_text())["kept"]["train"] // 6
+    assert meta["step"] == steps > 8
+    records = [json.loads(line) for line in (ref / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "loss" in r][-1]  # the last step's line
+    assert last["tokens_by_source"] == {"chat": steps * 6 * 64, "text": steps * 2 * 64}
+
+    kill_at_checkpoint(command(out), env, out, step=8)
+    restart = subprocess.run(command(out), env=env, capture_output=True, text=True, timeout=300)
     assert restart.returncode == 0, restart.stderr
     assert "resumed from" in restart.stderr
     assert train_losses(out) == train_losses(ref)

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from conftest import make_workdir, planned, snakemake
+from lmpipe.job_params import params_file
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +89,7 @@ def test_changing_a_swept_key_of_the_base_retrains_nothing(trained):
 
 def test_switching_wandb_on_or_off_retrains_nothing(trained):
     """logging.wandb is not a training setting: on (the points then a W&B group, the sweep's
-    name) or off, a finished point is left alone; a job that runs gets it as --wandb."""
+    name) or off, a finished point is left alone; a job that runs gets it as --wandb @FILE."""
     workdir, config = trained
     config = copy.deepcopy(config)
     config["runs"]["embedded-sweep"]["logging"] = {"wandb": {"project": "p", "mode": "offline"}}
@@ -99,6 +100,8 @@ def test_switching_wandb_on_or_off_retrains_nothing(trained):
     forced = snakemake(
         workdir, targets[0], "-n", "-p", "--forcerun", targets[0], "--configfile", str(path)
     )
-    assert """--wandb '{"group":"c","mode":"offline","project":"p"}'""" in forced.stdout
+    # the job reads it from the file that holds that JSON (lmpipe.job_params; a dry run writes none)
+    wandb = '{"group":"c","mode":"offline","project":"p"}'
+    assert f"--wandb {params_file(wandb, 'results/params', write=False)} " in forced.stdout
     del config["runs"]["embedded-sweep"]["logging"]
     assert planned(workdir, config, targets) == set()

@@ -67,6 +67,27 @@ def test_the_longest_training_is_scheduled_first(workdir):
     assert len(priority) == 6, out[-2000:]
 
 
+@pytest.mark.parametrize("flags", [["-p"], ["--profile", "slurm"]])
+def test_a_dry_run_prints_each_jobs_params_file_not_its_json(workdir, flags):
+    """`-n -p`, and the slurm profile's printshellcmds (no SLURM needed to plan): the train,
+    evaluate and report commands name their params' file (`--config-json @results/params/...`)
+    instead of holding the JSON (the default report's was a 5,308-character line), and the dry
+    run writes none of those files."""
+    targets = ["results/report_embedded.html", "results/report_sweep-embedded.html"]
+    proc = snakemake(workdir, "-n", *flags, *targets)
+    lines = (proc.stdout + proc.stderr).splitlines()
+    commands = [line for line in lines if line.startswith("Shell command: ")]
+    stages = {"lmpipe.train", "lmpipe.eval", "lmpipe.report"}
+    named = [c for c in commands if any(f"python -m {stage} " in c for stage in stages)]
+    assert len(named) > 40, "\n".join(commands[:5])  # 9 runs: trains, evaluations, 2 reports
+    assert all(re.search(r"--config-json @results/params/\w+\.json ", c) for c in named)
+    assert max(len(c) for c in commands) < 400, max(commands, key=len)
+    longest = max(lines, key=len)  # Snakemake's own list of a report's inputs
+    assert len(longest) < 2000 and '{"' not in longest, longest[:300]
+    files = {f for c in named for f in re.findall(r"@(results/params/\w+\.json)", c)}
+    assert files and not any((workdir / f).exists() for f in files)
+
+
 def test_invalid_config_stops_before_any_job(tmp_path):
     """A misspelt key stops a real run (no -n) with one line naming its YAML path, the key and
     the nearest one, and no job starts: nothing under results/, no job in Snakemake's log. The

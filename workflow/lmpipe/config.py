@@ -18,6 +18,7 @@ import difflib
 import functools
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -420,10 +421,25 @@ class BaseConfig:
 @dataclass(frozen=True)
 class SFTConfig:
     """Chat fine-tuning (with `base:` and a `kind: conversations` dataset): steps = epochs *
-    (train rows // rows a step); warmup = ratio * steps."""
+    (train rows // conversation rows a step); warmup = ratio * steps."""
 
     epochs: int = setting(3, "passes over the training conversations", minimum=1)
     warmup_ratio: float = setting(0.04, "warmup steps, a share of the steps", minimum=0, maximum=1)
+    replay: float = setting(
+        0.0,
+        "a share of each step's rows drawn from the base's pretraining text (its run's dataset,"
+        " or an `hf` base's base.dataset), the loss on every token, so that fine-tuning keeps"
+        " what pretraining taught (lmpipe.chat.replay); 0: conversations only",
+        minimum=0,
+        exclusiveMaximum=1,
+    )
+
+    def steps(self, conversations: int, rows_per_step: int) -> int:
+        """Optimizer steps for `epochs` passes over `conversations` training rows, when a step
+        takes `rows_per_step` rows and a `replay` share of them is text: epochs * (conversations
+        // the conversation rows a step); 0 when the rows are fewer than one step's."""
+        per_step = rows_per_step * (1 - self.replay)  # rows_per_step itself when replay is 0
+        return self.epochs * math.floor(conversations / per_step)
 
 
 @dataclass(frozen=True)
@@ -848,6 +864,8 @@ ADDED_TRAIN_KEYS = {
     "compile_scope": "regions",
     "compile_mode": "default",
 }
+# the same for a fine-tuning run's sft settings
+ADDED_SFT_KEYS = {"replay": 0.0}
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
 ADDED_OPTIMIZER_KEYS = {
     "momentum_warmup_steps": 0, "momentum_start": 0.85, "embed_lr": None, "scalar_lr": None,
@@ -955,7 +973,7 @@ def train_params(config: dict[str, Any], run: str) -> str:
         job["model"]["path"] = layout(config).hub_model_dir(name)
     if rc.fine_tuning:
         job["base"] = {k: v for k, v in dataclasses.asdict(rc.base).items() if v is not None}
-        job["sft"] = dataclasses.asdict(rc.sft)
+        job["sft"] = _as_before(dataclasses.asdict(rc.sft), ADDED_SFT_KEYS)
     if evals := in_training(rc):
         job["during_training"] = evals
     return canonical_json(job)

@@ -613,8 +613,9 @@ def memory_problems(rc: lmconfig.RunConfig, gpu: str) -> list[str]:
 
 def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:
     """A fine-tuning run's steps, from its epochs and the conversations it will keep (a local
-    file's count, or a hub dataset's `approx_conversations`, less the held-out share); 0 when
-    the data is on the hub and its size not given (unknown yet)."""
+    file's count, or a hub dataset's `approx_conversations`, less the held-out share), as the
+    worker derives them (SFTConfig.steps: more with sft.replay); 0 when the data is on the hub
+    and its size not given (unknown yet)."""
     d = config["datasets"][rc.dataset]
     if d["source"] != "local" or not Path(d["path"]).is_file():
         count = d.get("approx_conversations") or 0
@@ -625,7 +626,7 @@ def fine_tuning_steps(config: dict[str, Any], rc: lmconfig.RunConfig) -> int:
         except json.JSONDecodeError:
             count = sum(1 for line in text.splitlines() if line.strip())
     rows = int(count * (1 - d["val_percent"] / 100))
-    return rc.sft.epochs * (rows // (rc.train.batch_tokens // rc.train.seq_len))
+    return rc.sft.steps(rows, rc.train.batch_tokens // rc.train.seq_len)
 
 
 def model_job(

@@ -106,6 +106,10 @@ class Layout:
     def benchmark(self, stage: str, name: str) -> str:
         return f"{self.results}/benchmarks/{stage}/{name}.tsv"
 
+    def params_dir(self) -> str:
+        """The jobs' params, a file each, named by their sha256 (lmpipe.job_params)."""
+        return f"{self.results}/params"
+
 
 def shard_name(dataset: str, split: str, index: int) -> str:
     """llm.c's shard naming: `{dataset}_val_000000.bin`, `{dataset}_train_000001.bin`, ..."""

@@ -34,6 +34,7 @@ shell.prefix(
 from lmpipe import config as lmconfig
 from lmpipe import costs as lmcosts
 from lmpipe import failures as lmfailures
+from lmpipe import job_params as lmjobparams
 from lmpipe import plan as lmplan
 from lmpipe import resources as lmresources
 from lmpipe import schema as lmschema
@@ -53,6 +54,42 @@ LAYOUT = lmconfig.layout(config)
 # by a failed job), or one half-written, is rebuilt with what follows it, not left stale: Snakemake
 # alone says "Nothing to be done" (lmpipe.stale hooks into its DAG; one line each on the console)
 lmstale.install(workflow)
+
+
+def params_file(text):
+    """`@FILE`, the file that holds the JSON `text`, for a job's argparse to read in its place
+    (lmpipe.job_params): a shell command, and what a dry run prints, names the file instead of
+    holding the JSON. A dry run writes no file."""
+    folder, dry = LAYOUT.params_dir(), workflow.dryrun
+    return lmjobparams.params_file(text, folder, write=not dry)
+
+
+def as_file(params):
+    """A param function: the `params_file` of `params(wildcards)`. The JSON stays a param of
+    its own beside it: Snakemake's rerun trigger compares that."""
+    return lambda wildcards: params_file(params(wildcards))
+
+
+# the jobs' settings (lmpipe.config's *_params): each a param, and its file (as_file)
+
+
+def get_train_params(wildcards):
+    """The train job's settings (lmpipe.config.train_params): its param, its file's content."""
+    return lmconfig.train_params(config, wildcards.run)
+
+
+def get_eval_params(wildcards):
+    return lmconfig.eval_params(config, wildcards.run, wildcards.eval)
+
+
+def get_report_params(wildcards):
+    """A report's runs and their settings; a sweep's, its points' swept values too."""
+    return lmsweeps.report_params(config, wildcards.report)
+
+
+def get_report_plan(wildcards):
+    """The plan's estimates the report shows beside each run (lmpipe.plan.report_plan)."""
+    return lmplan.report_plan(config, wildcards.report)
 
 
 def one_of(names):
@@ -171,14 +208,23 @@ def get_train_inputs(wildcards):
     else:
         base = lmconfig.base_source(config, wildcards.run)
         inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
+        # the base's text, replayed in each step (lmpipe.chat.replay)
+        if run.sft.replay:
+            inputs["replay"] = lmconfig.text_tokens(config, wildcards.run)
     for name in lmconfig.in_training(run):
         for kind in EVALUATIONS[name].inputs:
             inputs[kind] = lmconfig.INPUT_FILES[kind](config, wildcards.run)
     return inputs
 
 
-def get_init_arg(wildcards, input):
-    return f"--init {shlex.quote(input.init)}" if "init" in input.keys() else ""
+def get_base_args(wildcards, input):
+    """`--init` (the base's weights) and `--replay` (its text), where a fine-tuning run has them."""
+    flags = {"init": "--init", "replay": "--replay"}
+    return " ".join(
+        f"{flag} {shlex.quote(input[kind])}"
+        for kind, flag in flags.items()
+        if kind in input.keys()
+    )
 
 
 def get_train_eval_input_args(wildcards, input):
@@ -186,18 +232,20 @@ def get_train_eval_input_args(wildcards, input):
     pairs = [
         f"{kind}={path}"
         for kind, path in input.items()
-        if kind not in ("data", "init", "model")
+        if kind not in ("data", "init", "replay", "model")
     ]
     return " ".join(f"--eval-input {shlex.quote(pair)}" for pair in pairs)
 
 
 def get_wandb_arg(wildcards, input):
-    """`--wandb JSON` when the run sets logging.wandb. It takes `input` on purpose: Snakemake
-    counts such a param as derived from the inputs and leaves it out of its rerun check, so
-    switching W&B on or off never retrains a finished run (tests/test_sweep_caching.py).
-    """
+    """`--wandb @FILE` (its JSON's) when the run sets logging.wandb. It takes `input` on
+    purpose: Snakemake counts such a param as derived from the inputs and leaves it out of its
+    rerun check, so switching W&B on or off never retrains a finished run
+    (tests/test_sweep_caching.py)."""
     settings = lmconfig.wandb_settings(config, wildcards.run)
-    return f"--wandb {shlex.quote(settings)}" if settings else ""
+    if not settings:
+        return ""
+    return f"--wandb {shlex.quote(params_file(settings))}"
 
 
 # SLURM resources of tokenize, convert and evaluate: derived by lmpipe.resources from the run (one GPU

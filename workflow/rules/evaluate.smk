@@ -24,8 +24,9 @@ rule evaluate:
         mem_mb=lambda wc: get_derived(wc, "evaluate", "mem_mb"),
         runtime=lambda wc: get_derived(wc, "evaluate", "runtime"),
     params:
-        cfg=lambda wc: lmconfig.eval_params(config, wc.run, wc.eval),
+        cfg=get_eval_params,  # the rerun trigger; the job reads them from cfg_file
+        cfg_file=as_file(get_eval_params),
         inputs=get_eval_input_args,
     shell:
-        "python -m lmpipe.eval {wildcards.eval} --config-json {params.cfg:q}"
+        "python -m lmpipe.eval {wildcards.eval} --config-json {params.cfg_file:q}"
         " --model {input.model:q} {params.inputs} --out {output:q} > {log} 2>&1"

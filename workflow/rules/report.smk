@@ -16,12 +16,14 @@ rule report:
     conda:
         "../../envs/report.yaml"
     params:
-        # a sweep's report also gets its points' swept values (and a ladder's compute)
-        cfg=lambda wc: lmsweeps.report_params(config, wc.report),
-        plan=lambda wc: lmplan.report_plan(config, wc.report),
+        # the rerun triggers; the job reads them from their files
+        cfg=get_report_params,
+        plan=get_report_plan,
+        cfg_file=as_file(get_report_params),
+        plan_file=as_file(get_report_plan),
         results=lambda wc, output: os.path.dirname(output[0]) or ".",
         data=LAYOUT.data,
     shell:
-        "python -m lmpipe.report --config-json {params.cfg:q} --plan-json {params.plan:q}"
+        "python -m lmpipe.report --config-json {params.cfg_file:q} --plan-json {params.plan_file:q}"
         " --results {params.results:q}"
         " --data {params.data:q} --out {output:q} > {log} 2>&1"

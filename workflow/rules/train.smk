@@ -36,14 +36,15 @@ rule train:
         tasks=get_train_tasks,
         slurm_extra=get_train_signal,
     params:
-        cfg=lambda wc: lmconfig.train_params(config, wc.run),
+        cfg=get_train_params,  # the rerun trigger; the job reads them from cfg_file
+        cfg_file=as_file(get_train_params),
         # the module torchrun runs on every rank; both run lmpipe.train.loop
         worker=lambda wc: (
             "lmpipe.chat.finetune"
             if get_run(wc).fine_tuning
             else "lmpipe.train.pretrain"
         ),
-        init=get_init_arg,
+        base=get_base_args,  # a fine-tuning run's base: its weights, its text to replay
         evals=get_train_eval_input_args,  # the evaluations during training's files
         wandb=get_wandb_arg,  # not a trajectory setting: left out of the rerun check
         out=lambda wc: LAYOUT.train_dir(wc.run),
@@ -52,8 +53,8 @@ rule train:
     # without killing a shell between it and Snakemake first; it stops the workers after a
     # checkpoint (lmpipe.train.launch)
     shell:
-        "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg:q}"
-        " --data {input.data:q} {params.init} {params.evals}"
+        "exec python -m lmpipe.train --worker {params.worker} --config-json {params.cfg_file:q}"
+        " --data {input.data:q} {params.base} {params.evals}"
         " {params.wandb}"
         " --out {params.out:q}"
         " > {log} 2>&1"

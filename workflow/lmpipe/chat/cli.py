@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a chat's terminal holds the conversation only
     model, tokenizer = load(args.model, "cuda" if torch.cuda.is_available() else "cpu")
     options = dict(
         max_new_tokens=args.max_new_tokens,

@@ -12,7 +12,9 @@ what differs:
   as Hugging Face's Trainer (which Vicuna's train.py uses) derives them;
 - the starting weights: the base model's (`--init`: its final checkpoint or a Hugging Face GPT-2
   folder), loaded before FSDP shards them;
-- the data: a ConversationLoader over the prepared rows and the held-out conversations;
+- the data: a ConversationLoader over the prepared rows and the held-out conversations; with
+  `sft.replay`, a ReplayLoader (lmpipe.chat.replay) mixing the base's pretraining text (`--replay`:
+  its tokens manifest) into each step's rows;
 - sparse targets: the LM head runs on the counted tokens only; on the embedded conversations
   that is a quarter of them, and a step takes ~4x less time.
 """
@@ -36,7 +38,10 @@ from lmpipe.chat.loader import (
     load_split,
     read_manifest,
 )
+from lmpipe.chat.replay import ReplayLoader
 from lmpipe.config import SFTConfig, TrainConfig, TrainJob
+from lmpipe.data.loader import Loader
+from lmpipe.data.mixture import text_sources
 from lmpipe.files import sha256_file
 from lmpipe.models import architecture, load_final_checkpoint, load_hf
 from lmpipe.train.loop import Task, worker_main
@@ -46,13 +51,13 @@ from lmpipe.train.parallel import Dist
 def schedule(tc: TrainConfig, sft: SFTConfig, manifest: ConversationsManifest) -> TrainConfig:
     """`tc` with max_steps and warmup_steps from the epochs and the number of conversations."""
     rows_per_step = tc.batch_tokens // tc.seq_len
-    steps_per_epoch = manifest.rows("train") // rows_per_step
-    if steps_per_epoch == 0:
+    max_steps = sft.steps(manifest.rows("train"), rows_per_step)
+    if max_steps == 0:
+        replayed = f", {sft.replay:g} of them replayed text" if sft.replay else ""
         raise ValueError(
             f"{manifest.path}: {manifest.rows('train')} training conversations, fewer than one"
-            f" step of {rows_per_step} (train.batch_tokens / train.seq_len)"
+            f" step of {rows_per_step} (train.batch_tokens / train.seq_len{replayed})"
         )
-    max_steps = sft.epochs * steps_per_epoch
     warmup = math.ceil(sft.warmup_ratio * max_steps)
     return dataclasses.replace(
         tc, max_steps=max_steps, schedule=dataclasses.replace(tc.schedule, warmup_steps=warmup)
@@ -98,23 +103,50 @@ def same_model(config: Any) -> Any:
     return dataclasses.replace(config, path="", revision=None)
 
 
-def fine_tuning(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Task:
-    if job.sft is None or init is None:
-        raise ValueError(f"{job.run}: fine-tuning needs `sft:` settings and --init (the base)")
-    data = read_manifest(manifest)
-    tc = schedule(job.train, job.sft, data)
+def training_rows(
+    job: TrainJob, tc: TrainConfig, manifest: Path, d: Dist, replay: Path | None
+) -> tuple[Loader, Any]:
+    """The loader of the training rows and their identity (for the settings hash): the
+    conversations alone, or with `sft.replay` of each step's rows the base's text (`replay`:
+    its tokens manifest, lmpipe.chat.replay). Each rank reads its share of the data-parallel
+    group's rows."""
     x, y = load_split(manifest, "train")
     if x.shape[1] != tc.seq_len:
         raise ValueError(f"{manifest}: rows of {x.shape[1]} tokens, train.seq_len {tc.seq_len}")
-    # each rank reads its share of the data-parallel group's rows
-    loader = ConversationLoader(x, y, tc.micro_batch, tc.batch_tokens, d.group, tc.seed)
+    conversations = read_manifest(manifest).identity()
+    if not job.sft.replay:
+        if replay is not None:
+            raise ValueError(f"--replay {replay}: runs.{job.run}.sft.replay is 0 (no replay)")
+        loader = ConversationLoader(x, y, tc.micro_batch, tc.batch_tokens, d.group, tc.seed)
+        return loader, conversations
+    if replay is None:
+        raise ValueError(
+            f"runs.{job.run}.sft.replay {job.sft.replay:g}: needs --replay, the tokens manifest"
+            " of the base's text"
+        )
+    text = text_sources(replay)
+    loader = ReplayLoader(
+        x, y, job.dataset, text, job.sft.replay, tc.micro_batch, tc.batch_tokens, d.group,
+        tc.seed,
+    )  # fmt: skip
+    identity = {"conversations": conversations, "replay": job.sft.replay, "text": text.identity()}
+    return loader, identity
+
+
+def fine_tuning(
+    job: TrainJob, manifest: Path, d: Dist, init: Path | None, replay: Path | None = None
+) -> Task:
+    if job.sft is None or init is None:
+        raise ValueError(f"{job.run}: fine-tuning needs `sft:` settings and --init (the base)")
+    tc = schedule(job.train, job.sft, read_manifest(manifest))
+    loader, identity = training_rows(job, tc, manifest, d, replay)
     vx, vy = load_split(manifest, "val")
     val = conversation_val_batches(vx, vy, tc.micro_batch, tc.val_tokens, d.group)
     return Task(
         train=tc,
         loader=loader,
         val_batches=val,
-        data_identity=data.identity(),
+        data_identity=identity,
         init=lambda model: load_base(model, init),
         sparse_targets=True,  # conversations: ~3/4 of the targets are prompts and padding
         meta={"init": str(init)},

@@ -84,6 +84,11 @@ def load_split(manifest_path: str | Path, split: str) -> tuple[np.ndarray, np.nd
     return x, y
 
 
+def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of the training rows in `epoch`: a permutation drawn from (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(rows)
+
+
 class ConversationLoader:
     """ShardLoader's interface (lmpipe.data.loader) over conversation rows: one a row.
 
@@ -120,7 +125,7 @@ class ConversationLoader:
         self._order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.inputs))
+        return epoch_order(len(self.inputs), self.seed, epoch)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's next micro-batch; after the step's last one, move to the next step."""

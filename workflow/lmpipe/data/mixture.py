@@ -90,6 +90,16 @@ def read_mixture(path: str | Path) -> Mixture:
     return Mixture(path, data.get("dataset", path.parent.parent.name), sources)
 
 
+def text_sources(path: str | Path) -> Mixture:
+    """A tokens manifest as a mixture: a mixture's own, or one dataset as a mixture of one
+    source at weight 1 (what fine-tuning replays, lmpipe.chat.replay, reads either way)."""
+    path = Path(path)
+    if is_mixture(path):
+        return read_mixture(path)
+    name = read_json(path, "tokens manifest").get("dataset", path.parent.parent.name)
+    return Mixture(path, name, [Source(name, 1.0, read_manifest(path))])
+
+
 def write_mixture(
     out: Path, name: str, weights: dict[str, float], manifests: dict[str, Path]
 ) -> None:

@@ -20,6 +20,7 @@ import torch
 from lmpipe.config import INPUT_FILES, EvalJob
 from lmpipe.eval.results import default_device, write_result
 from lmpipe.hardware import keep_freed_memory
+from lmpipe.job_params import PREFIX
 from lmpipe.registry import EVALUATIONS, code
 
 INPUT_KINDS = sorted(INPUT_FILES)
@@ -41,10 +42,12 @@ def evaluate(name: str, settings, model_dir: Path, inputs: dict[str, Path], out:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        fromfile_prefix_chars=PREFIX,  # --config-json @FILE (lmpipe.job_params)
     )
     p.add_argument("name", choices=list(EVALUATIONS))
-    p.add_argument("--config-json", help="the evaluation's params (JSON)")
+    p.add_argument("--config-json", help="the evaluation's params (JSON, or @FILE holding it)")
     p.add_argument("--model", type=Path, help="converted Hugging Face model folder")
     p.add_argument("--out", type=Path, help="result JSON file to write")
     for kind in INPUT_KINDS:

@@ -26,6 +26,7 @@ import jinja2
 
 from lmpipe.costs import gpu_hour_price
 from lmpipe.files import write_text_atomic
+from lmpipe.job_params import PREFIX
 from lmpipe.paths import REPORT_TEMPLATES, Layout
 from lmpipe.report.comparison import compare
 from lmpipe.report.figures import (
@@ -352,9 +353,17 @@ def write_report(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config-json", required=True, help="report_params JSON (what the rule passes)")
-    p.add_argument("--plan-json", help="lmpipe.plan.report_plan JSON: estimates beside the runs")
+    p = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+        fromfile_prefix_chars=PREFIX,  # --config-json @FILE (lmpipe.job_params)
+    )
+    p.add_argument(
+        "--config-json", required=True, help="report_params JSON, or @FILE holding it (the rule's)"
+    )
+    p.add_argument(
+        "--plan-json", help="lmpipe.plan.report_plan JSON (or @FILE): estimates beside the runs"
+    )
     p.add_argument("--results", default="results", help="results folder")
     p.add_argument("--data", default="results/data", help="tokenized data folder")
     p.add_argument("--out", required=True, help="the HTML file to write")

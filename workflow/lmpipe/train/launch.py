@@ -1,6 +1,6 @@
 """Start torchrun for a run, the way its `launch:` settings say, and pass signals to the workers.
 
-    python -m lmpipe.train --config-json J --data M --out DIR [--init P]
+    python -m lmpipe.train --config-json J --data M --out DIR [--init P] [--replay M]
         [--eval-input KIND=PATH ...] [--wandb JSON] [--worker MODULE]
 
 (the train rule). The worker is a module torchrun runs on every rank: `lmpipe.train.pretrain` by
@@ -59,6 +59,7 @@ from typing import Any
 import psutil
 
 from lmpipe.config import Placement, TrainJob
+from lmpipe.job_params import PREFIX
 from lmpipe.registry import ARCHITECTURES
 from lmpipe.throughputs import figure
 from lmpipe.train.parallel import die_with_parent
@@ -242,17 +243,23 @@ def run_forwarding(cmd: list[str], env: dict[str, str], to_workers: bool) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config-json", help="the train rule's params (JSON)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        fromfile_prefix_chars=PREFIX,  # --config-json @FILE (lmpipe.job_params)
+    )
+    parser.add_argument("--config-json", help="the train rule's params (JSON, or @FILE holding it)")
     parser.add_argument("--data", type=Path, help="the data's manifest.json")
     parser.add_argument("--out", type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
+    parser.add_argument(
+        "--replay", type=Path, help="the text replayed in fine-tuning: its tokens manifest"
+    )
     parser.add_argument(
         "--eval-input", action="append", default=[], metavar="KIND=PATH",
         help="a file an evaluation during training reads, by kind (passed on to the worker)",
     )  # fmt: skip
     parser.add_argument("--worker", default=PRETRAIN_WORKER, help="the module torchrun runs")
-    parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
+    parser.add_argument("--wandb", help="the run's logging.wandb (JSON or @FILE); absent: off")
     parser.add_argument(
         "--fresh-start",
         action="store_true",
@@ -280,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         str(args.out),
     ]
-    if args.init is not None:
-        worker_args += ["--init", str(args.init)]
+    for flag, path in (("--init", args.init), ("--replay", args.replay)):
+        if path is not None:
+            worker_args += [flag, str(path)]
     for kind_path in args.eval_input:
         worker_args += ["--eval-input", kind_path]
     if args.wandb:

@@ -52,6 +52,7 @@ from lmpipe.data.loader import Batch, Loader
 from lmpipe.data.prefetch import Prefetcher
 from lmpipe.failures import EXIT_STOPPED, stop_line
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
+from lmpipe.job_params import PREFIX
 from lmpipe.models import attention, build_model
 from lmpipe.models.head_loss import loss_function
 from lmpipe.train import fp8
@@ -616,16 +617,21 @@ def eval_input(text: str) -> tuple[str, Path]:
 
 def worker_main(
     argv: list[str] | None,
-    make_task: Callable[[TrainJob, Path, Dist, Path | None], Task],
+    make_task: Callable[[TrainJob, Path, Dist, Path | None, Path | None], Task],
     description: str,
 ) -> int:
     """A torchrun worker: parse the launcher's arguments, join the process group, build the
-    task, train. `make_task(job, data, dist, init)` is the worker's own part."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config-json", required=True, help="the train rule's params (JSON)")
+    task, train. `make_task(job, data, dist, init, replay)` is the worker's own part."""
+    parser = argparse.ArgumentParser(description=description, fromfile_prefix_chars=PREFIX)
+    parser.add_argument(
+        "--config-json", required=True, help="the train rule's params (JSON, or @FILE holding it)"
+    )
     parser.add_argument("--data", required=True, type=Path, help="the data's manifest.json")
     parser.add_argument("--out", required=True, type=Path, help="the run's train/ folder")
     parser.add_argument("--init", type=Path, help="starting weights (fine-tuning)")
+    parser.add_argument(
+        "--replay", type=Path, help="the text replayed in fine-tuning: its tokens manifest"
+    )
     parser.add_argument(
         "--eval-input", action="append", default=[], type=eval_input, metavar="KIND=PATH",
         help="a file the evaluations during training read, by kind (an Evaluation's inputs)",
@@ -633,7 +639,7 @@ def worker_main(
     parser.add_argument(
         "--fresh-start", action="store_true", help="move old checkpoints aside; start at step 0"
     )
-    parser.add_argument("--wandb", help="the run's logging.wandb (JSON); absent: off")
+    parser.add_argument("--wandb", help="the run's logging.wandb (JSON or @FILE); absent: off")
     args = parser.parse_args(argv)
     stop = StopFlag()  # first: a signal during start-up is acted on at the first step boundary
     job = TrainJob.from_json(args.config_json)
@@ -650,7 +656,7 @@ def worker_main(
         keep_freed_memory()
     d = init_distributed(job.launch.device)
     try:
-        task = make_task(job, args.data, d, args.init)
+        task = make_task(job, args.data, d, args.init, args.replay)
         evaluators = build_evaluators(job, dict(args.eval_input), d, task.train)
         wandb = build(WandbConfig, json.loads(args.wandb), "--wandb") if args.wandb else None
         return run(job, task, args.out, d, stop, args.fresh_start, evaluators, wandb)

@@ -24,9 +24,13 @@ from lmpipe.train.loop import Task, worker_main
 from lmpipe.train.parallel import Dist
 
 
-def pretraining(job: TrainJob, manifest: Path, d: Dist, init: Path | None) -> Task:
+def pretraining(
+    job: TrainJob, manifest: Path, d: Dist, init: Path | None, replay: Path | None = None
+) -> Task:
     if init is not None:
         raise ValueError(f"--init {init}: pretraining starts from a random init")
+    if replay is not None:
+        raise ValueError(f"--replay {replay}: replay is fine-tuning's (sft.replay)")
     tc = job.train
     if is_mixture(manifest):
         mixture = read_mixture(manifest)
