@@ -319,17 +319,21 @@ DELETED = {
 }
 
 
+def dry_run_without(workdir: Path, path: Path) -> tuple[set[tuple[str, str]], str]:
+    """A dry run with `path` moved aside, then put back (its mtime kept): what it plans."""
+    aside = path.with_name(path.name + ".aside")
+    path.rename(aside)
+    try:
+        return dry_run(workdir)
+    finally:
+        aside.rename(path)
+
+
 @pytest.mark.parametrize("kind", list(DELETED))
 def test_a_deleted_output_is_rebuilt_with_what_reads_it(built: Path, kind: str) -> None:
     """Each kind of the demo's outputs removed (moved aside, then back): a plain run plans
     exactly the job that makes it and what follows, and says so in one line."""
-    path = built / DELETED[kind]
-    aside = path.with_name(path.name + ".aside")
-    path.rename(aside)
-    try:
-        planned, console = dry_run(built)
-    finally:
-        aside.rename(path)
+    planned, console = dry_run_without(built, built / DELETED[kind])
     assert "Nothing to be done" not in console
     said = [line for line in console.splitlines() if "lmpipe: " in line]
     assert len(said) == 1 and f"lmpipe: {DELETED[kind]} is missing" in said[0], said
@@ -341,12 +345,7 @@ def test_a_half_written_tokens_folder_is_tokenized_again(built: Path) -> None:
     """A shard gone from under its manifest (a scratch purge takes files one by one):
     tokenize, and everything after it, as for a removed manifest."""
     shard = built / "results/data/embedded/tokens/embedded_train_000002.bin"
-    aside = shard.with_name(shard.name + ".aside")
-    shard.rename(aside)
-    try:
-        planned, console = dry_run(built)
-    finally:
-        aside.rename(shard)
+    planned, console = dry_run_without(built, shard)
     assert "embedded_train_000002.bin, which it lists, is missing" in console
     assert planned == downstream_of_deleting(base_config(built), "tokens manifest")
 

@@ -42,6 +42,10 @@ if alive "$STATE/slurmctld.pid" && alive "$STATE/slurmd-n1.pid" && alive "$STATE
   exit 0
 fi
 
+# A fresh start forgets every job of an earlier cluster in STATE: one left there by daemons that
+# were killed (a machine restarted, a container snapshotted mid-test) would otherwise be recovered
+# and run again, holding the nodes the tests need.
+alive "$STATE/slurmctld.pid" || rm -rf "$STATE/ctld" "$STATE/spool" "$STATE/jobcomp.txt"
 mkdir -p "$STATE"/{munge,ctld,spool,gpus}
 chmod 700 "$STATE/munge"
 
@@ -103,7 +107,7 @@ NodeName=n2 Name=gpu File=$STATE/gpus/n2-gpu[0-1]
 EOF
 
 # ---- daemons ---------------------------------------------------------------------------------
-alive "$STATE/slurmctld.pid" || slurmctld -i || die "slurmctld did not start ($STATE/slurmctld.log)"
+alive "$STATE/slurmctld.pid" || slurmctld -c -i || die "slurmctld did not start ($STATE/slurmctld.log)"
 for n in n1 n2; do
   mkdir -p "$STATE/spool/$n"
   alive "$STATE/slurmd-$n.pid" || slurmd -N "$n" || die "slurmd $n did not start ($STATE/slurmd-$n.log)"
@@ -117,4 +121,6 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 sinfo -N >&2 || true
+squeue --states=all >&2 || true
+tail -n 20 "$STATE/slurmctld.log" >&2 || true
 die "nodes did not become idle (logs in $STATE)"
