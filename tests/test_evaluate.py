@@ -187,8 +187,12 @@ def test_lm_eval_mode_equals_harness(hf_dir, monkeypatch):
 
 
 def write_tokens(tmp_path, n_tokens: int = 4000):
-    text = " ".join(it["ctx"] for it in hellaswag.load_items(ITEMS))  # real English, in the repo
-    tokens = np.array(ENC.encode_ordinary(text)[:n_tokens], dtype=np.uint16)
+    # real English, in the repo: each item's context a document, opened by end-of-text as the
+    # tokenize stage writes them (several contexts a document, so documents span sequences)
+    items = [it["ctx"] for it in hellaswag.load_items(ITEMS)]
+    docs = [" ".join(items[i : i + 1 + i % 7]) for i in range(0, len(items), 4)]
+    stream = [t for doc in docs for t in [ENC.eot_token, *ENC.encode_ordinary(doc)]]
+    tokens = np.array(stream[:n_tokens], dtype=np.uint16)
     write_shard(tmp_path / "t_val_000000.bin", tokens)
     manifest = {
         "dataset": "t",
@@ -207,19 +211,25 @@ def write_tokens(tmp_path, n_tokens: int = 4000):
 def test_val_loss_over_non_overlapping_sequences(hf_dir, tmp_path):
     model = load_hf(hf_dir)
     manifest, tokens = write_tokens(tmp_path)
-    batches: list[float] = []
-    loss, n = val_loss(model, tmp_path / "t_val_000000.bin", 1000, batch=3, batch_losses=batches)
+    scored = val_loss(model, tmp_path / "t_val_000000.bin", 1000, batch=3)
     T = model.config.block_size
-    assert n == (1000 // T) * T == 896
+    assert scored.tokens == (1000 // T) * T == 896
     t = torch.from_numpy(tokens.astype(np.int64))
     per_seq = [
         model(t[i * T : (i + 1) * T][None], t[i * T + 1 : (i + 1) * T + 1][None])[1]
-        for i in range(n // T)
+        for i in range(896 // T)
     ]
-    assert loss == pytest.approx(torch.stack(per_seq).mean().item(), rel=1e-6)
-    # 7 sequences in batches of 3, 3 and 1: each batch's mean, in order (the report pairs them)
-    expected = [torch.stack(per_seq[i : i + 3]).mean().item() for i in (0, 3, 6)]
-    assert batches == pytest.approx(expected, rel=1e-6)
+    assert scored.loss == pytest.approx(torch.stack(per_seq).mean().item(), rel=1e-6)
+    # each document's summed loss: a plain forward's per-token losses, split where the
+    # targets' preceding token is end-of-text (the document it opens owns them)
+    logits = model(t[:896].view(-1, T))[0]
+    per_token = torch.nn.functional.cross_entropy(logits.flatten(0, 1), t[1:897], reduction="none")
+    starts = [i for i in range(896) if t[i] == 50256]
+    assert starts[0] == 0 and len(starts) == len(scored.doc_tokens) > 2
+    bounds = [*starts, 896]
+    expected = [per_token[a:b].sum().item() for a, b in zip(bounds, bounds[1:], strict=False)]
+    assert scored.doc_tokens == [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    assert scored.doc_losses == pytest.approx(expected, rel=1e-5)
     with pytest.raises(ValueError, match="t_val_000000.bin"):
         val_loss(model, tmp_path / "t_val_000000.bin", val_tokens=100_000, batch=3)
 

@@ -4,20 +4,24 @@ mixture's: each source's and their mean by its weights)."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from lmpipe.data.mixture import is_mixture, read_mixture
 from lmpipe.data.shards import read_header, read_manifest, read_shard
-from lmpipe.eval.results import mean_stderr, produced_by
+from lmpipe.eval.results import produced_by
 from lmpipe.files import read_json
 from lmpipe.models import load_hf
 from lmpipe.registry import ValLossSettings
+from lmpipe.stats import cluster_stderr
+
+GPT2_EOT = 50256  # <|endoftext|>: a tokens manifest without "eot" is GPT-2's
 
 
 def val_shard(manifest_path: str | Path) -> Path:
@@ -27,6 +31,18 @@ def val_shard(manifest_path: str | Path) -> Path:
     return val[0]
 
 
+@dataclass
+class Scored:
+    """A val shard's scored tokens: the mean loss, and each document's summed loss and tokens
+    (a document starts at its end-of-text token; a target belongs to the document of the token
+    it follows, so predicting a document's closing end-of-text is that document's)."""
+
+    loss: float
+    tokens: int
+    doc_losses: list[float]
+    doc_tokens: list[int]
+
+
 @torch.no_grad()
 def val_loss(
     model: torch.nn.Module,
@@ -34,14 +50,12 @@ def val_loss(
     val_tokens: int,
     batch: int,
     device: str = "cpu",
-    batch_losses: list[float] | None = None,
-) -> tuple[float, int]:
+    eot: int = GPT2_EOT,
+) -> Scored:
     """Mean next-token loss over the first `val_tokens` of the val shard, as llm.c's val loader:
-    non-overlapping sequences of block_size tokens, targets shifted by one. Each batch's mean
-    loss is appended to `batch_losses` when given (the report's standard error, and its paired
-    comparison of two runs over the same batches).
-
-    Returns (loss, tokens scored)."""
+    non-overlapping sequences of block_size tokens, targets shifted by one; with each document's
+    summed loss (the report's interval over documents: a token's loss is correlated with its
+    neighbours', a document's with no other's)."""
     T = model.config.block_size
     tokens = read_shard(shard)
     n_seq = val_tokens // T
@@ -52,29 +66,38 @@ def val_loss(
             f"{shard}: {len(tokens):,} tokens, fewer than the {n_seq * T + 1:,} that"
             f" eval.val_loss.tokens {val_tokens:,} needs"
         )
-    total = 0.0
+    scored = torch.from_numpy(tokens[: n_seq * T + 1].astype(np.int64))
+    # the document of each target (position 1..n): end-of-text tokens before it, exclusive
+    doc_of = torch.cumsum(scored[:-1] == eot, 0)
+    doc_of -= doc_of[0].item()  # a shard that does not open with end-of-text: its text is doc 0
+    per_token = torch.empty(n_seq * T, dtype=torch.float64)
     for start in tqdm(range(0, n_seq, batch), desc="val loss", unit="batch"):
         b = min(batch, n_seq - start)
-        buf = torch.from_numpy(tokens[start * T : (start + b) * T + 1].astype(np.int64))
+        buf = scored[start * T : (start + b) * T + 1]
         x, y = buf[:-1].view(b, T).to(device), buf[1:].view(b, T).to(device)
-        _, loss = model(x, y)
-        mean = loss.item()  # a host sync a batch: fine for an eval
-        total += mean * b * T
-        if batch_losses is not None:
-            batch_losses.append(mean)
-    return total / (n_seq * T), n_seq * T
+        logits, _ = model(x)  # (b, T, V) fp32
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+        per_token[start * T : (start + b) * T] = losses.double().cpu()  # a host sync a batch
+    docs = int(doc_of[-1].item()) + 1
+    sums = torch.zeros(docs, dtype=torch.float64).index_add_(0, doc_of, per_token)
+    counts = torch.bincount(doc_of, minlength=docs)
+    return Scored(per_token.mean().item(), n_seq * T, sums.tolist(), counts.tolist())
 
 
 def score_shard(
-    model: torch.nn.Module, shard: Path, settings: ValLossSettings, device: str
+    model: torch.nn.Module, shard: Path, settings: ValLossSettings, device: str, eot: int
 ) -> dict[str, Any]:
-    """One val shard's loss, with each batch's mean loss in the shard's order (settings.batch
-    sequences a batch, the last maybe fewer) and their standard error."""
-    batches: list[float] = []
-    loss, tokens = val_loss(model, shard, settings.tokens, settings.batch, device, batches)
+    """One val shard's loss, with each document's summed loss and tokens in the shard's order,
+    and the mean's standard error over documents (cluster-robust)."""
+    s = val_loss(model, shard, settings.tokens, settings.batch, device, eot)
     return {
-        "value": loss, "tokens": tokens, "batch_losses": batches, "stderr": mean_stderr(batches),
-    }  # fmt: skip
+        "value": s.loss,
+        "tokens": s.tokens,
+        "stderr": cluster_stderr(s.doc_losses, s.doc_tokens),
+        "documents": len(s.doc_tokens),
+        "doc_losses": s.doc_losses,
+        "doc_tokens": s.doc_tokens,
+    }
 
 
 def evaluate(
@@ -94,7 +117,7 @@ def evaluate(
             "dataset": tokens.get("dataset"),
             # an `arch: hf` model's own tokens (None: GPT-2's): losses pair only on equal tokens
             **({"tokens_of": tokens["tokens_of"]} if tokens.get("tokens_of") else {}),
-            **score_shard(model, shard, settings, device),
+            **score_shard(model, shard, settings, device, tokens.get("eot", GPT2_EOT)),
             "produced_by": produced_by(__name__, model_dir, how, shard=str(shard), device=device),
         }
     mixture = read_mixture(manifest)
@@ -105,7 +128,8 @@ def evaluate(
         # a small source's val shard may hold fewer tokens than asked: all of it is scored
         capped = replace(settings, tokens=min(settings.tokens, read_header(shard) - 1))
         sources[s.name] = {"dataset": s.name, "weight": s.weight}
-        sources[s.name] |= score_shard(model, shard, capped, device)
+        eot = read_json(Path(s.tokens.path), "tokens manifest").get("eot", GPT2_EOT)
+        sources[s.name] |= score_shard(model, shard, capped, device, eot)
     weighted = [(r["weight"], r) for r in sources.values()]
     return {
         "metric": "fineweb_val_loss",
