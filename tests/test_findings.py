@@ -1,22 +1,41 @@
-"""The report's verdict lines (lmpipe.report.findings): val loss with a paired interval, a
-fine-tuned run that lost its pretraining, chat replies that repeat."""
+"""The report's verdict lines (lmpipe.report.findings): val loss with an interval over documents
+(one seed each) or over seeds (replicated recipes), what the two runs differ in and whether they
+trained equal tokens, a fine-tuned run that lost its pretraining, chat replies that repeat."""
 
 from __future__ import annotations
 
 import random
 
-import pytest
 from scipy import stats
 
-from lmpipe.report.findings import findings, paired_interval
+from lmpipe.report.findings import findings
 from lmpipe.report.runs import Run
 
+# the demo's 19 val documents' token counts (32,768 tokens of the embedded val shard)
+LENGTHS = [2691, 2075, 853, 824, 6796, 979, 1350, 229, 545, 1557, 279, 2227, 775, 1534, 4389]
+LENGTHS += [1920, 1253, 906, 1584]
 
-def run(name: str, val: float | None = None, batches=None, sft=False, replies=None) -> Run:
-    settings = {"dataset": "embedded"} | ({"sft": {}, "base": {"run": "a"}} if sft else {})
-    r = Run(name=name, settings=settings)
-    if val is not None:
-        r.evals["val_loss"] = {"value": val, "tokens": 4096, "batch_losses": batches}
+
+def scores(center: float, seed: int = 0, lengths=LENGTHS) -> dict:
+    """A val_loss result: each document's mean loss about `center`, summed over its tokens."""
+    rng = random.Random(seed)
+    means = [center + rng.gauss(0, 0.3) for _ in lengths]
+    sums = [m * n for m, n in zip(means, lengths, strict=True)]
+    return {
+        "value": sum(sums) / sum(lengths),
+        "tokens": sum(lengths),
+        "doc_losses": sums,
+        "doc_tokens": list(lengths),
+    }
+
+
+def run(name: str, val=None, sft=False, replies=None, settings=None) -> Run:
+    base = {"dataset": "embedded"} | ({"sft": {}, "base": {"run": "a"}} if sft else {})
+    r = Run(name=name, settings=base | (settings or {}))
+    if isinstance(val, dict):
+        r.evals["val_loss"] = val
+    elif val is not None:
+        r.evals["val_loss"] = {"value": val, "tokens": 4096}
     if replies is not None:
         r.evals["chat_samples"] = {
             "samples": [{"prompt": f"p{i}", "reply": x} for i, x in enumerate(replies)]
@@ -24,49 +43,137 @@ def run(name: str, val: float | None = None, batches=None, sft=False, replies=No
     return r
 
 
-def noisy(center: float, n: int = 32, seed: int = 0) -> list[float]:
+def shifted(result: dict, by: float, seed: int) -> dict:
+    """`result` with each document's mean loss moved by `by`, and a little noise of its own."""
     rng = random.Random(seed)
-    return [center + rng.gauss(0, 0.3) for _ in range(n)]
-
-
-def test_the_interval_is_the_paired_t_interval():
-    a, b = noisy(9.0, seed=1), noisy(8.7, seed=2)
-    mean, low, high = paired_interval(a, b)
-    ci = stats.ttest_rel(a, b).confidence_interval(0.95)  # scipy's own, not ours
-    assert (low, high) == pytest.approx((ci.low, ci.high), rel=1e-9)
-    assert paired_interval(a, b[:-1]) is None and paired_interval(a[:1], b[:1]) is None
-
-
-def test_val_loss_lines_say_worse_better_or_cannot_tell():
-    base = noisy(8.7, seed=1)
-    worse = [x + 1.3 + random.Random(i).gauss(0, 0.05) for i, x in enumerate(base)]
-    better = [x - 0.2 + random.Random(i).gauss(0, 0.05) for i, x in enumerate(base)]
-    same = [x + random.Random(i).gauss(0, 0.05) for i, x in enumerate(base)]
-    runs = [run("a", 8.7, base), run("b", 10.0, worse), run("c", 8.5, better), run("d", 8.7, same)]
-    lines = findings(runs)
-    assert lines[0].startswith("b: FineWeb val loss 10.0000 against a's 8.7000") and lines[
-        0
-    ].endswith("worse than a.")
-    assert lines[1].endswith("better than a.") and lines[2].endswith("cannot tell it from a.")
-    assert "95% interval" in lines[0] and "over 32 batches" in lines[0]
-
-
-def test_without_paired_batches_no_interval_is_claimed():
-    lines = findings([run("a", 8.7, None), run("b", 10.0, None)])
-    assert lines == [
-        "b: FineWeb val loss 10.0000 against a's 8.7000: no paired batches to give an interval"
-        " (different val tokens, or results written without per-batch losses)."
+    sums = [
+        s + (by + rng.gauss(0, 0.05)) * n
+        for s, n in zip(result["doc_losses"], result["doc_tokens"], strict=True)
     ]
+    return result | {"doc_losses": sums, "value": sum(sums) / result["tokens"]}
+
+
+def test_over_documents_of_equal_length_the_interval_is_the_paired_t_interval():
+    """Equal documents: the cluster-robust interval is scipy's paired t interval of the
+    documents' mean losses (CR2 with documents - 1 degrees of freedom reduces to it)."""
+    even = [500] * 19
+    a, b = scores(9.0, 1, even), scores(8.7, 2, even)
+    (line,) = findings([run("a", b), run("b", a)])
+    ci = stats.ttest_rel(
+        [s / 500 for s in a["doc_losses"]], [s / 500 for s in b["doc_losses"]]
+    ).confidence_interval(0.95)
+    assert f"95% interval {ci.low:+.4f} to {ci.high:+.4f} over 19 documents" in line
+
+
+def test_val_loss_lines_say_worse_better_or_cannot_tell_and_for_what():
+    base = scores(8.7, seed=1)
+    runs = [run("a", base), run("b", shifted(base, 1.3, 1)), run("c", shifted(base, -0.2, 2))]
+    runs.append(run("d", shifted(base, 0.0, 3)))
+    lines = findings(runs)
+    b_value = runs[1].evals["val_loss"]["value"]
+    assert lines[0].startswith(f"b: FineWeb val loss {b_value:.4f} against a's {base['value']:.4f}")
+    assert lines[0].endswith("worse than a on these documents, not yet a verdict on the recipes.")
+    assert lines[1].endswith("better than a on these documents, not yet a verdict on the recipes.")
+    assert lines[2].endswith("the val documents cannot tell it from a.")
+    assert "over 19 documents, cluster-robust; evaluation noise only, one seed each" in lines[0]
+    assert "the same settings; tokens trained unknown" in lines[0]
+
+
+def test_a_line_names_the_settings_that_differ_and_unequal_tokens():
+    """A 96-step run against a 24-step one: said to be at unequal tokens, with the training
+    curves' val loss at the most tokens both reached."""
+    base = scores(8.7, seed=1)
+    a = run("a", base, settings={"model": {"n_layer": 3}, "train": {"max_steps": 24, "seed": 1}})
+    b = run(
+        "b",
+        shifted(base, -0.5, 1),
+        settings={"model": {"n_layer": 4}, "train": {"max_steps": 96, "seed": 2}},
+    )
+    a.meta, b.meta = {"tokens": 98_304}, {"tokens": 393_216}
+    a.val = [{"step": 24, "tokens": 98_304, "val_loss": 8.7}]
+    b.val = [
+        {"step": 24, "tokens": 98_304, "val_loss": 8.9},
+        {"step": 96, "tokens": 393_216, "val_loss": 8.2},
+    ]
+    (line,) = findings([a, b])
+    assert (
+        "differs in model.n_layer, train.max_steps;" in line
+    )  # train.seed is a replica's, not a recipe's
+    assert (
+        "trained 393,216 tokens against 98,304: at unequal tokens; at 98,304 tokens, the most"
+        " both reached, the training's val loss is 8.9000 against 8.7000" in line
+    )
+
+
+def test_without_per_document_losses_or_on_other_documents_no_interval_is_claimed():
+    (line,) = findings([run("a", 8.7), run("b", 10.0)])
+    assert line.startswith("b: FineWeb val loss 10.0000 against a's 8.7000: no interval")
+    assert "a result written without per-document losses" in line
+    other = scores(9.0, 3, [n + 1 for n in LENGTHS[:-1]] + [LENGTHS[-1] - 18])
+    (line,) = findings([run("a", scores(8.7)), run("b", other)])
+    assert "no interval (the documents' token counts differ: other val text" in line
+
+
+def replicas(name: str, center: float, seeds=(1337, 1338, 1339), sd=0.02) -> list[Run]:
+    rng = random.Random(name)
+    return [run(f"{name}/seed={s}", scores(center + rng.gauss(0, sd), s)) for s in seeds]
+
+
+def test_replicated_recipes_are_compared_over_their_seeds_by_welchs_interval():
+    a, b = replicas("a", 8.70), replicas("b", 8.40)
+    (line,) = findings(a + b)
+    va = [r.evals["val_loss"]["value"] for r in a]
+    vb = [r.evals["val_loss"]["value"] for r in b]
+    ci = stats.ttest_ind(vb, va, equal_var=False).confidence_interval(0.95)  # scipy's own
+    assert line.startswith("b: FineWeb val loss") and "over 3 seeds) against a's" in line
+    assert f"95% Welch interval {ci.low:+.4f} to {ci.high:+.4f} over seeds" in line
+    assert line.endswith("better than a over 3 and 3 seeds.")
+    (line,) = findings(replicas("a", 8.7) + replicas("c", 8.7))
+    assert line.endswith("the seeds cannot tell it from a.")
+    (line,) = findings(replicas("a", 8.7) + [run("d", scores(8.6))])
+    assert "no interval; a comparison over seeds needs two a side" in line
+
+
+def trained(difficulty: list[float], rng: random.Random) -> dict:
+    """A val_loss result of one seed of a recipe on documents of these difficulties (their mean
+    losses, shared by every model): the seed moves every document by the same draw (sd 0.02),
+    and each document by a little of its own (sd 0.005)."""
+    offset = rng.gauss(0, 0.02)
+    means = [d + offset + rng.gauss(0, 0.005) for d in difficulty]
+    sums = [m * 1500 for m in means]
+    tokens = 1500 * len(means)
+    return {"value": sum(sums) / tokens, "tokens": tokens, "doc_losses": sums,
+            "doc_tokens": [1500] * len(means)}  # fmt: skip
+
+
+def test_identical_recipes_over_seeds_are_told_apart_at_most_5_percent_of_the_time():
+    """500 pairs of identical recipes, 3 seeds each, on 19 val documents, whose seeds move the
+    val loss far more than the documents can resolve: the verdict over seeds says "cannot
+    tell" in at least 95% of them. One seed each, the interval over documents measures the val
+    text only and calls most such pairs better or worse: the reason a one-seed line says it is
+    not a verdict on the recipes."""
+    rng = random.Random(7)
+    told = told_by_documents = 0
+    for _ in range(500):
+        difficulty = [rng.gauss(8.7, 0.3) for _ in range(19)]
+        a = [run(f"a/seed={s}", trained(difficulty, rng)) for s in range(3)]
+        b = [run(f"b/seed={s}", trained(difficulty, rng)) for s in range(3)]
+        (line,) = findings(a + b)
+        told += "cannot tell" not in line
+        (line,) = findings([run("a", a[0].evals["val_loss"]), run("b", b[0].evals["val_loss"])])
+        told_by_documents += "cannot tell" not in line
+    assert told / 500 <= 0.05, told / 500
+    assert told_by_documents / 500 > 0.5, told_by_documents / 500
 
 
 def test_a_fine_tuned_run_above_an_untrained_models_loss_is_flagged():
-    base, chat = run("a", 8.69, noisy(8.69)), run("a-chat", 15.91, noisy(15.9), sft=True)
+    base, chat = run("a", 8.69), run("a-chat", 15.91, sft=True)
     (line,) = findings([base, chat])
     assert line == (
         "a-chat lost its pretraining: its FineWeb val loss 15.91 is above an untrained model's"
         " (10.82, a uniform guess over the vocabulary); its base a had 8.69."
     )
-    assert findings([base, run("a-chat", 9.5, noisy(9.5), sft=True)]) == []
+    assert findings([base, run("a-chat", 9.5, sft=True)]) == []
 
 
 def test_chat_replies_that_repeat_across_prompts_are_flagged():
@@ -94,16 +201,13 @@ def test_a_run_that_skipped_an_unusable_checkpoint_is_flagged():
     ]
 
 
-def with_sources(r: Run, dataset: str, sources: dict[str, list[float]]) -> Run:
-    """`r`'s val_loss made a mixture's: each source's batches, its weighted mean on top."""
+def with_sources(r: Run, dataset: str, sources: dict[str, dict]) -> Run:
+    """`r`'s val_loss made a mixture's: each source's scores, its weighted mean on top."""
     r.evals["val_loss"] = {
         "dataset": dataset,
         "value": 0.0,
         "tokens": 8192,
-        "sources": {
-            name: {"dataset": name, "value": sum(b) / len(b), "tokens": 4096, "batch_losses": b}
-            for name, b in sources.items()
-        },
+        "sources": {name: {"dataset": name} | s for name, s in sources.items()},
     }
     return r
 
@@ -111,25 +215,23 @@ def with_sources(r: Run, dataset: str, sources: dict[str, list[float]]) -> Run:
 def test_a_mixture_is_compared_on_each_val_shard_both_runs_were_scored_on():
     """A mixture's run against a run of one of its sources: on that source's val shard only;
     against a run of other data: said, with no interval."""
-    base = run("a", 9.0, noisy(9.0, seed=1))
-    base.evals["val_loss"]["dataset"] = "embedded"
-    mix = with_sources(run("m"), "mix", {"embedded": noisy(8.0, seed=2), "books": noisy(5.0)})
+    embedded = scores(9.0, seed=1)
+    base = run("a", embedded | {"dataset": "embedded"})
+    books = scores(5.0, seed=5, lengths=[700] * 12)
+    mix = with_sources(run("m"), "mix", {"embedded": shifted(embedded, -1.0, 2), "books": books})
     (line,) = findings([base, mix])
-    assert line.startswith("m: val loss on embedded ") and line.endswith("better than a.")
-    other = run("o", 9.0, noisy(9.0, seed=3))
-    other.evals["val_loss"]["dataset"] = "code"
+    assert line.startswith("m: val loss on embedded ") and "better than a on these" in line
+    other = run("o", scores(9.0, seed=3) | {"dataset": "code"})
     (line,) = findings([other, mix])
-    assert "measured on different val data (mix and code): no paired interval." in line
+    assert "measured on different val data (mix and code): no interval" in line
     # the same text in a model's own tokens is other data than in GPT-2's: no pairing
-    llama = run("l", 5.0, noisy(5.0, seed=4))
-    llama.evals["val_loss"] |= {"dataset": "embedded", "tokens_of": "llama"}
+    llama = run("l", scores(5.0, seed=4) | {"dataset": "embedded", "tokens_of": "llama"})
     (line,) = findings([base, llama])
-    assert line.endswith(
-        "measured on different val data (embedded in llama's tokens and embedded): no paired"
-        " interval."
-    )
+    assert "measured on different val data (embedded in llama's tokens and embedded)" in line
     # two runs of one mixture: a line for each source
-    mix2 = with_sources(run("m2"), "mix", {"embedded": noisy(8.0, seed=2), "books": noisy(6.0)})
+    mix2 = with_sources(
+        run("m2"), "mix", {"embedded": shifted(embedded, -1.0, 3), "books": shifted(books, 1.0, 4)}
+    )
     lines = findings([mix, mix2])
     assert [ln.split(" ")[4] for ln in lines] == ["embedded", "books"]
-    assert lines[1].endswith("worse than m.")
+    assert "worse than m on these documents" in lines[1]

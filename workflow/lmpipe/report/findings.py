@@ -1,9 +1,15 @@
 """The report's verdict beside the task table's: what a reader must see first.
 
-- Each pretraining run's FineWeb val loss against the first's, with a 95% interval: the runs'
-  val_loss evaluations score the same val batches, so the per-batch differences are paired (a
-  t interval over them); "cannot tell" only where the interval holds zero. A mixture's runs are
-  compared on each val shard both were scored on (its sources'), never across different data.
+- Each pretraining recipe's FineWeb val loss against the first's (lmpipe.replicas: the seeds of
+  a run are one recipe). Each line names what the two differ in (their settings, a replica's
+  seed aside) and the tokens each trained; where those differ it says so, with the training
+  curves' val loss at the most tokens both reached. Replicated recipes are compared over their
+  seeds (Welch's interval of the seeds' val losses: the training's noise, seed and data order,
+  and the evaluation's). Two single runs are compared on the documents both scored (an interval
+  over documents, cluster-robust: lmpipe.stats), which measures which val text was scored and
+  never the training's noise, and the line says so: one seed each, not yet a verdict on the
+  recipes. A mixture's runs are compared on each val shard both were scored on (its sources'),
+  never across different data.
 - A fine-tuned run whose FineWeb val loss is above an untrained model's: ln(50,257), the loss of
   a uniform guess over GPT-2's vocabulary (a fresh model's is about that: 10.84 at step 0 of the
   demo).
@@ -14,32 +20,22 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from typing import Any
 
-from scipy import stats
+from lmpipe import stats
+from lmpipe.replicas import recipe_of
+from lmpipe.report.runs import Run, flatten, used_settings
+from lmpipe.stats import LEVEL
 
-from lmpipe.report.runs import Run
-
-LEVEL = 0.95  # the intervals' coverage
 UNTRAINED_LOSS = math.log(50257)  # a uniform guess over GPT-2's vocabulary: 10.82
-
-
-def paired_interval(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
-    """(mean, low, high) of a - b over paired batches: a t interval at LEVEL; None if fewer than
-    two pairs or the batches differ in number."""
-    if len(a) != len(b) or len(a) < 2:
-        return None
-    d = [x - y for x, y in zip(a, b, strict=True)]
-    mean, n = statistics.fmean(d), len(d)
-    half = stats.t.ppf(0.5 + LEVEL / 2, n - 1) * statistics.stdev(d) / math.sqrt(n)
-    return mean, mean - half, mean + half
 
 
 def val_views(result: dict[str, Any]) -> dict[str | None, dict[str, Any]]:
     """A val_loss result's scores by the data they were measured on: its dataset's (a
-    mixture's: each source's, its own weighted mean having no batches to pair). The text in a
+    mixture's: each source's, its own weighted mean having no documents to pair). The text in a
     model's own tokens is other data than the same text in GPT-2's."""
     return result.get("sources") or {data_name(result): result}
 
@@ -51,52 +47,171 @@ def data_name(result: dict[str, Any]) -> str:
     return str(result.get("dataset")) + (f" in {of}'s tokens" if of else "")
 
 
-def val_loss_lines(run: Run, base: Run) -> list[str]:
-    """`run`'s val loss against `base`'s on each val shard both were scored on (a mixture's
-    sources, or the one dataset), paired by batch."""
-    mine, theirs = run.evals.get("val_loss"), base.evals.get("val_loss")
-    if not mine or not theirs:
+def by_recipe(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs grouped by recipe (lmpipe.replicas: `a/seed=1338` is a replica of `a`), in the
+    report's order."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(recipe_of(r.name), []).append(r)
+    return groups
+
+
+def tokens_trained(run: Run) -> int | None:
+    meta = run.meta or {}
+    last = run.train[-1] if run.train else {}
+    tokens = meta.get("tokens", last.get("tokens"))
+    return int(tokens) if tokens is not None else None
+
+
+def differing(a: Run, b: Run, most: int = 5) -> str:
+    """The settings two runs differ in (a replica's seed aside), in words."""
+    fa, fb = flatten(used_settings(a)), flatten(used_settings(b))
+    keys = [
+        k
+        for k in sorted(set(fa) | set(fb))
+        if k != "train.seed"
+        and json.dumps(fa.get(k), sort_keys=True) != json.dumps(fb.get(k), sort_keys=True)
+    ]
+    if not keys:
+        return "the same settings"
+    shown = ", ".join(keys[:most]) + (f" and {len(keys) - most} more" if len(keys) > most else "")
+    return f"differs in {shown}"
+
+
+def at_equal_tokens(mine: list[Run], theirs: list[Run]) -> str:
+    """Tokens trained, and where they differ, the training curves' val loss at the largest
+    token count both recipes' curves reach (their first replicas'), so that no gap is read off
+    unequal budgets unsaid."""
+    a, b = tokens_trained(mine[0]), tokens_trained(theirs[0])
+    if a is None or b is None:
+        return "tokens trained unknown"
+    if a == b:
+        return f"{a:,} tokens trained each"
+    words = f"trained {a:,} tokens against {b:,}: at unequal tokens"
+    curve_a = {row["tokens"]: row["val_loss"] for row in mine[0].val if "tokens" in row}
+    curve_b = {row["tokens"]: row["val_loss"] for row in theirs[0].val if "tokens" in row}
+    both = [t for t in curve_a if t in curve_b and t > 0]
+    if both:
+        t = max(both)
+        words += (
+            f"; at {t:,} tokens, the most both reached, the training's val loss is"
+            f" {curve_a[t]:.4f} against {curve_b[t]:.4f}"
+        )
+    return words
+
+
+def val_loss_lines(runs: list[Run]) -> list[str]:
+    """Each pretraining recipe's val loss against the first's, on each val shard both were
+    scored on (a mixture's sources, or the one dataset)."""
+    groups = by_recipe([r for r in runs if not r.fine_tuned])
+    names = list(groups)
+    if len(names) < 2:
         return []
-    a, b = val_views(mine), val_views(theirs)
-    common = [data for data in a if data in b]
-    if not common:
-        return [
-            f"{run.name}: val loss {mine['value']:.4f} against {base.name}'s"
-            f" {theirs['value']:.4f}, measured on different val data"
-            f" ({data_name(mine)} and {data_name(theirs)}): no paired interval."
-        ]
-    # a source of a mixture is named; one dataset's val loss is said as before
-    mixed = set(mine.get("sources", {})) | set(theirs.get("sources", {}))
+    base = names[0]
     return [
-        paired_line(run.name, a[data], base.name, b[data], data if data in mixed else None)
-        for data in common
+        line for name in names[1:] for line in recipe_lines(name, groups[name], base, groups[base])
     ]
 
 
-def paired_line(
-    name: str, mine: dict[str, Any], base: str, theirs: dict[str, Any], source: str | None
+def recipe_lines(name: str, mine: list[Run], base: str, theirs: list[Run]) -> list[str]:
+    a = [r.evals["val_loss"] for r in mine if r.evals.get("val_loss")]
+    b = [r.evals["val_loss"] for r in theirs if r.evals.get("val_loss")]
+    if not a or not b:
+        return []
+    what = f"{differing(mine[0], theirs[0])}; {at_equal_tokens(mine, theirs)}"
+    views_a, views_b = [val_views(x) for x in a], [val_views(x) for x in b]
+    common = [d for d in views_a[0] if all(d in v for v in views_a + views_b)]
+    if not common:
+        return [
+            f"{name}: val loss {a[0]['value']:.4f} against {base}'s {b[0]['value']:.4f},"
+            f" measured on different val data ({data_name(a[0])} and {data_name(b[0])}):"
+            f" no interval ({what})."
+        ]
+    mixed = {d for x in a + b for d in x.get("sources", {})}
+    lines = []
+    for data in common:
+        on = "FineWeb val loss" if data not in mixed else f"val loss on {data}"
+        sa, sb = [v[data] for v in views_a], [v[data] for v in views_b]
+        if len(sa) > 1 and len(sb) > 1:
+            lines.append(over_seeds(name, sa, base, sb, on, what))
+        elif len(sa) == 1 and len(sb) == 1:
+            lines.append(over_documents(name, sa[0], base, sb[0], on, what))
+        else:
+            lines.append(
+                f"{name}: {on} {mean(sa):.4f} ({len(sa)} seed(s)) against {base}'s"
+                f" {mean(sb):.4f} ({len(sb)} seed(s)): no interval; a comparison over seeds"
+                f" needs two a side ({what})."
+            )
+    return lines
+
+
+def mean(results: list[dict[str, Any]]) -> float:
+    return statistics.fmean(x["value"] for x in results)
+
+
+def over_seeds(
+    name: str,
+    mine: list[dict[str, Any]],
+    base: str,
+    theirs: list[dict[str, Any]],
+    on: str,
+    what: str,
 ) -> str:
-    on = "FineWeb val loss" if source is None else f"val loss on {source}"
-    head = f"{name}: {on} {mine['value']:.4f} against {base}'s {theirs['value']:.4f}"
-    same_tokens = mine.get("tokens") == theirs.get("tokens")
-    interval = same_tokens and paired_interval(
-        mine.get("batch_losses") or [], theirs.get("batch_losses") or []
+    """Two replicated recipes: Welch's interval over their seeds' val losses, which holds the
+    seed-to-seed variance (initial weights, data order) as well as the evaluation's."""
+    va, vb = [x["value"] for x in mine], [x["value"] for x in theirs]
+    diff, low, high, _, _ = stats.welch(va, vb)
+    spread = f"sd {statistics.stdev(va):.4f} over {len(va)} seeds"
+    head = (
+        f"{name}: {on} {statistics.fmean(va):.4f} ({spread}) against {base}'s"
+        f" {statistics.fmean(vb):.4f} (sd {statistics.stdev(vb):.4f} over {len(vb)} seeds)"
     )
-    if not interval:
-        return head + (
-            ": no paired batches to give an interval (different val tokens, or results written"
-            " without per-batch losses)."
-        )
-    mean, low, high = interval
-    n = len(mine["batch_losses"])
-    how = f"{mean:+.4f} a batch, {LEVEL:.0%} interval {low:+.4f} to {high:+.4f} over {n} batches"
+    how = f"{diff:+.4f}, {LEVEL:.0%} Welch interval {low:+.4f} to {high:+.4f} over seeds"
     if low > 0:
-        word = f"worse than {base}"
+        word = f"worse than {base} over {len(va)} and {len(vb)} seeds"
     elif high < 0:
-        word = f"better than {base}"
+        word = f"better than {base} over {len(va)} and {len(vb)} seeds"
     else:
-        word = f"the val tokens cannot tell it from {base}"
-    return f"{head} ({how}): {word}."
+        word = f"the seeds cannot tell it from {base}"
+    return f"{head} ({how}; {what}): {word}."
+
+
+def over_documents(
+    name: str, mine: dict[str, Any], base: str, theirs: dict[str, Any], on: str, what: str
+) -> str:
+    """Two single runs on the same val documents: the interval over documents, which measures
+    which text was scored, never the training's noise (one seed each)."""
+    head = f"{name}: {on} {mine['value']:.4f} against {base}'s {theirs['value']:.4f}"
+    problem = unpaired(mine, theirs)
+    if problem:
+        return f"{head}: no interval ({problem}; {what})."
+    diff, low, high, docs = stats.cluster_difference(
+        mine["doc_losses"], theirs["doc_losses"], mine["doc_tokens"]
+    )
+    how = (
+        f"{diff:+.4f} a token, {LEVEL:.0%} interval {low:+.4f} to {high:+.4f} over {docs}"
+        " documents, cluster-robust; evaluation noise only, one seed each"
+    )
+    if low > 0:
+        word = f"worse than {base} on these documents, not yet a verdict on the recipes"
+    elif high < 0:
+        word = f"better than {base} on these documents, not yet a verdict on the recipes"
+    else:
+        word = f"the val documents cannot tell it from {base}"
+    return f"{head} ({how}; {what}): {word}."
+
+
+def unpaired(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """Why two val_loss scores cannot be paired document by document, or None."""
+    if "doc_tokens" not in mine or "doc_tokens" not in theirs:
+        return "a result written without per-document losses"
+    if mine.get("tokens") != theirs.get("tokens"):
+        return f"{mine.get('tokens'):,} against {theirs.get('tokens'):,} val tokens scored"
+    if mine["doc_tokens"] != theirs["doc_tokens"]:
+        return "the documents' token counts differ: other val text, or another tokenizer"
+    if len(mine["doc_tokens"]) < 2:
+        return "one document scored: no spread to measure"
+    return None
 
 
 def lost_pretraining(run: Run, runs: list[Run]) -> str | None:
@@ -148,8 +263,7 @@ def remote_code(run: Run) -> str | None:
 
 def findings(runs: list[Run]) -> list[str]:
     """The verdict's lines: each pretraining run's val loss against the first's, then flags."""
-    pretrained = [r for r in runs if not r.fine_tuned]
-    lines = [line for r in pretrained[1:] for line in val_loss_lines(r, pretrained[0])]
+    lines: list[str | None] = list(val_loss_lines(runs))
     lines += [lost_pretraining(r, runs) for r in runs]
     lines += [repeated_replies(r) for r in runs]
     lines += [skipped_checkpoints(r) for r in runs]

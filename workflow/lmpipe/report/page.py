@@ -42,31 +42,17 @@ from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import (
     Run,
     chat_comparison,
+    flatten,
     headline,
     headline_columns,
     load_run,
     produced_by,
+    used_settings,
 )
 from lmpipe.report.sweep import fmt_sci, sweep_context
 
-# report_params keys that describe a run rather than set it: not rows of the settings table
-NOT_SETTINGS = ("run", "evaluations", "chat_dataset")
-
-
 # ----------------------------------------------------------------------------------------------
 # settings side by side
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"lr": 1}} -> {"train.lr": 1}; lists stay values."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out |= flatten(v, f"{key}.")
-        else:
-            out[key] = v
-    return out
 
 
 def _setting(value: Any) -> str:
@@ -75,15 +61,6 @@ def _setting(value: Any) -> str:
         short = f"{value:g}"
         return short if float(short) == value else repr(value)
     return value if isinstance(value, str) else json.dumps(value)
-
-
-def used_settings(run: Run) -> dict[str, Any]:
-    """The run's settings as it used them: a fine-tuning run's steps and warmup follow from its
-    epochs and data, so once it has finished they come from its final meta.json."""
-    settings = {k: v for k, v in run.settings.items() if k not in NOT_SETTINGS}
-    if run.meta and isinstance(run.meta.get("train"), dict):
-        settings["train"] = run.meta["train"]
-    return settings
 
 
 def _disagree(values: list[Any], group: list[int]) -> bool:

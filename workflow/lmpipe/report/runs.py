@@ -114,6 +114,30 @@ class Run:
         return "not finished"
 
 
+NOT_SETTINGS = ("run", "evaluations", "chat_dataset")  # in a run's params, never a setting
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}; lists stay values."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= flatten(v, f"{key}.")
+        else:
+            out[key] = v
+    return out
+
+
+def used_settings(run: Run) -> dict[str, Any]:
+    """The run's settings as it used them: a fine-tuning run's steps and warmup follow from its
+    epochs and data, so once it has finished they come from its final meta.json."""
+    settings = {k: v for k, v in run.settings.items() if k not in NOT_SETTINGS}
+    if run.meta and isinstance(run.meta.get("train"), dict):
+        settings["train"] = run.meta["train"]
+    return settings
+
+
 def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
     train_dir = Path(layout.train_dir(name))
     metrics = read_metrics(Path(layout.metrics(name)))
