@@ -97,8 +97,12 @@ def test_report_marks_the_difference_the_data_can_tell(layout: Layout, tmp_path:
     arc = row_text(html, "task-arc_easy")
     assert "30.0%" in arc and "▲" not in arc and "▼" not in arc
     verdict = html[html.index('<ul id="verdicts">') : html.index("</ul>", html.index("verdicts"))]
-    # 40 of 200 items +1: mean 0.2, sd sqrt(32/199), 1.96 sd / sqrt(200) = 5.56 points
-    assert "b: better than a on PIQA (+20.0 points, 95% CI +14.4 to +25.6; p = " in verdict
+    # 80 right by both, 40 by b only, none by a only, 80 by neither: Newcombe's interval
+    # 14.27 to 25.42 points (R's contingencytables gives 0.1426528, 0.2542220 for this table)
+    assert "b: better than a on PIQA (+20.0 points, 95% CI +14.3 to +25.4; p = " in verdict
+    # three tests of this pair (PIQA, ARC-Easy, Winogrande) and the core average: one family
+    assert "Holm-adjusted over the 4 tests of this pair" in verdict
+    assert "(differs in train.optimizer.lr; 81,920 tokens trained each; one seed each;" in verdict
     assert "cannot tell it from a on" in verdict and "ARC-Easy" in verdict
     # OPT's ARC-Easy is on the test split, this report's on validation; OPT's PIQA on validation
     assert "40.0% †" in _plain(arc)
@@ -178,3 +182,53 @@ def test_core_mark_follows_the_mean_difference():
     assert test.better > test.worse and test.diff < 0
     assert test.significant and test.mark == "▼"
     assert test.low < test.diff < test.high < 0
+
+
+def test_items_of_another_version_are_not_paired(layout: Layout, tmp_path: Path):  # noqa: F811
+    """Two runs' suite results from task folders of different sha256 (another release of the
+    items, same ids): not tested, and the cell names both versions."""
+    for run in ("a", "b"):
+        write_run(layout, run)
+    for run, sha in (("a", "aa" * 32), ("b", "bb" * 32)):
+        result = suite_result({"piqa": [1] * 20 + [0] * 30})
+        result["produced_by"] = {"data": {"sha256": {"piqa": sha}}}
+        add_suite(layout, run, result)
+    runs = {n: settings(1e-3) | {"run": n} for n in ("a", "b")}
+    piqa = _plain(row_text(render(layout, runs, tmp_path), "task-piqa"))
+    assert (
+        "not tested: a and b scored other versions of the items (aaaaaaaaaaaa and bbbbbbbbbbbb)"
+        in piqa
+    )
+    assert "p = " not in piqa
+
+
+def test_replicated_recipes_are_compared_over_seeds_with_holm(layout: Layout, tmp_path: Path):  # noqa: F811
+    """Two recipes, 3 seeds each: the recipes' table holds each task's mean and sd over seeds,
+    Welch's interval against the first recipe, Holm-adjusted; the verdict compares recipes, and
+    no single run is tested against another."""
+    from scipy.stats import ttest_ind
+
+    piqa = {"a": [20, 22, 21], "b": [35, 37, 36]}  # right of 50, a seed each
+    arc = {"a": [20, 25, 22], "b": [21, 24, 22]}
+    runs = {}
+    for recipe in ("a", "b"):
+        for i, seed in enumerate((1, 2, 3)):
+            name = f"{recipe}/seed={seed}"
+            write_run(layout, name)
+            right = {"piqa": piqa[recipe][i], "arc_easy": arc[recipe][i]}
+            correct = {t: [1] * k + [0] * (50 - k) for t, k in right.items()}
+            add_suite(layout, name, suite_result(correct))
+            runs[name] = settings(1e-3 if recipe == "a" else 3e-3) | {"run": name}
+    html = _plain(render(layout, runs, tmp_path))
+    table = row_text(html, "recipe-piqa")
+    assert "42.0%" in table and "72.0%" in table and "sd 2.0%" in table
+    test = ttest_ind([k / 50 for k in piqa["b"]], [k / 50 for k in piqa["a"]], equal_var=False)
+    ci = test.confidence_interval(0.95)
+    assert f"[{100 * ci.low:+.1f}, {100 * ci.high:+.1f}]" in table  # scipy's Welch, not ours
+    verdict = html[html.index('<ul id="verdicts">') :]
+    verdict = verdict[: verdict.index("</ul>")]
+    assert verdict.count("<li>") == 1 and "b (over 3 and 3 seeds): better than a on PIQA" in verdict
+    # HellaSwag (test_report's write_run): the same result for every seed
+    assert "the seeds cannot tell it from a on HellaSwag (llm.c scoring), ARC-Easy (" in verdict
+    assert "differs in train.optimizer.lr" in verdict and "Holm-adjusted over the" in verdict
+    assert "▲" not in row_text(html, "task-piqa")  # no run-against-run test

@@ -4,21 +4,30 @@ The accuracy tasks (HellaSwag and the zero-shot suite) of every run side by side
 standard error as lm-eval reports it, and each run after the first tested against the first (the
 report's baseline) on the items both scored, paired by the items' ids (lmpipe.eval.suite and
 lmpipe.eval.hellaswag write them beside each per-item result): McNemar's exact test on the items
-one run gets right and the other wrong, and the difference in accuracy with its 95% interval
-(normal approximation of the per-item differences). For the core average, a paired z-test on the
-per-item differences, task by task. Where the runs scored different items, the table and the
-verdict say on how many both scored. Where so few items disagree that no outcome could reach
-significance (McNemar's exact test needs at least 6 discordant items at 95%), the verdict says
-"too few items to tell", not "cannot tell". Many tasks are tested at once and nothing corrects
-for it: at 95%, about one task in twenty differs by chance alone.
+one run gets right and the other wrong, and the difference in accuracy with Newcombe's 95%
+interval for paired proportions (lmpipe.stats: never zero-width). For the core average, a paired
+z-test on the per-item differences, task by task. A run's tests across the tasks are one family:
+their p-values are Holm-adjusted, and only an adjusted p below 5% is called better or worse, so
+that the chance of any task being called by chance alone stays at most 5%. Where the interval
+and the exact test disagree (one excludes zero, the other is not significant), the cell is
+marked. Where the runs scored different items, the table and the verdict say on how many both
+scored. Where so few items disagree that no outcome could reach significance (McNemar's exact
+test needs at least 6 discordant items at 95%), the verdict says "too few items to tell".
+
+Replicated recipes (lmpipe.replicas: a run's seeds) are compared over their seeds instead: each
+task's accuracy a seed, Welch's interval and test of the two recipes' means, Holm-adjusted over
+the tasks; the single runs of such a report are not tested one against another.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmpipe import stats
+from lmpipe.report.findings import at_equal_tokens, by_recipe, differing
 from lmpipe.report.references import REFERENCES, Reference
 from lmpipe.report.runs import Run
 
@@ -49,6 +58,7 @@ class Score:
     items: int
     correct: dict[str, int] | None = None
     split: str | None = None
+    version: str | None = None  # the items' file (HellaSwag) or folder sha256 (the suite's)
 
 
 @dataclass
@@ -64,10 +74,17 @@ class Paired:
     could_tell: bool = (
         True  # whether any outcome on this many discordant items could be significant
     )
+    p_holm: float | None = None  # p Holm-adjusted over the tasks of the run's comparison
 
     @property
     def significant(self) -> bool:
-        return self.p < LEVEL
+        return (self.p if self.p_holm is None else self.p_holm) < LEVEL
+
+    @property
+    def disagrees(self) -> bool:
+        """The interval excludes zero while the exact test is not significant, or the reverse
+        (both unadjusted: the same question asked two ways)."""
+        return (self.low > 0 or self.high < 0) != (self.p < LEVEL)
 
     @property
     def mark(self) -> str:
@@ -97,17 +114,15 @@ def _mean_se(d: list[int]) -> tuple[float, float]:
 
 def _z() -> float:
     """The normal quantile of a two-sided interval at LEVEL (1.96 at 95%)."""
-    from scipy.stats import norm
-
-    return float(norm.ppf(1 - LEVEL / 2))
+    return stats.z(1 - LEVEL)
 
 
 def mcnemar(baseline: list[int], other: list[int]) -> Paired:
     """McNemar's exact test on two runs' 0/1 results of the same items, in the same order: of
     the items the two disagree on, is `other`'s share of the right answers different from one
-    half? (scipy's binomial test on the discordant pairs). With the accuracy difference and its
-    95% interval, and whether the test could have told at all: with k discordant items the
-    smallest p any outcome gives is 2 / 2^k, above 5% for k <= 5."""
+    half? (scipy's binomial test on the discordant pairs). With the accuracy difference and
+    Newcombe's 95% interval of it, and whether the test could have told at all: with k
+    discordant items the smallest p any outcome gives is 2 / 2^k, above 5% for k <= 5."""
     from scipy.stats import binomtest
 
     if len(baseline) != len(other):
@@ -117,8 +132,10 @@ def mcnemar(baseline: list[int], other: list[int]) -> Paired:
     k = better + worse
     p = binomtest(better, k, 0.5).pvalue if k else 1.0
     could_tell = bool(k) and binomtest(k, k, 0.5).pvalue < LEVEL
-    mean, se = _mean_se([b - a for a, b in zip(baseline, other, strict=True)])
-    return Paired(better, worse, float(p), mean, mean - _z() * se, mean + _z() * se, could_tell)
+    both = sum(1 for a, b in zip(baseline, other, strict=True) if a and b)
+    neither = len(baseline) - both - better - worse
+    diff, low, high = stats.newcombe_paired(both, better, worse, neither, 1 - LEVEL)
+    return Paired(better, worse, float(p), diff, low, high, could_tell)
 
 
 def paired_mean_test(pairs: list[tuple[list[int], list[int]]]) -> Paired:
@@ -177,8 +194,10 @@ def task_scores(run: Run) -> dict[str, Score]:
             hs.get("items", 0),
             by_id(hs.get("per_item"), "acc_norm"),
             "validation",
+            (hs.get("produced_by") or {}).get("items_file"),
         )
     suite = run.evals.get("suite") or {}
+    versions = ((suite.get("produced_by") or {}).get("data") or {}).get("sha256") or {}
     for task, t in (suite.get("tasks") or {}).items():
         metric = t.get("headline", "acc")
         out[task] = Score(
@@ -187,6 +206,7 @@ def task_scores(run: Run) -> dict[str, Score]:
             t.get("items", 0),
             by_id((suite.get("per_item") or {}).get(task), metric),
             t.get("split"),
+            versions.get(task),
         )
     return out
 
@@ -252,6 +272,15 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
     core = _core_row(runs, scores)
     if core is not None:
         rows.append(core)
+    replicated = any(len(group) > 1 for group in by_recipe(runs).values())
+    if replicated:  # the recipes are compared over their seeds, not run against run
+        for row in rows:
+            row.paired = [None] * len(runs)
+            row.notes = [None] * len(runs)
+    for i in range(1, len(runs)):  # each run's tests over the tasks: one family
+        family = [row.paired[i] for row in rows if row.paired[i] is not None]
+        for test, adjusted in zip(family, stats.holm([t.p for t in family]), strict=True):
+            test.p_holm = adjusted
     if any("lambada" in r.figures for r in refs):  # published figures only: a row to read them
         none = [None] * len(runs)
         lambada = Row("lambada", "LAMBADA (published only)", "acc", None, none, none)
@@ -262,7 +291,8 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
         "baseline": runs[0].name,
         "rows": rows,
         "references": refs,
-        "verdicts": verdicts(runs, rows),
+        "verdicts": recipe_verdicts(runs, rows) if replicated else verdicts(runs, rows),
+        "recipes": recipe_table(runs, rows) if replicated else None,
         "level": LEVEL,
     }
 
@@ -280,6 +310,11 @@ def _paired(
         return None, f"not tested: {missing}'s result has no per-item ids"
     if base.split != other.split:
         return None, f"not tested: {name} scored the {other.split} split, {base_name} {base.split}"
+    if base.version and other.version and base.version != other.version:
+        return None, (
+            f"not tested: {base_name} and {name} scored other versions of the items"
+            f" ({base.version[:12]} and {other.version[:12]})"
+        )
     a, b = common_items(base, other)
     if not a:
         return None, f"not tested: no item scored by both {base_name} and {name}"
@@ -344,10 +379,11 @@ def min_discordant() -> int:
 
 
 def gap_text(test: Paired) -> str:
-    """The accuracy difference and its interval, in percentage points."""
+    """The accuracy difference and its interval, in percentage points, and the p-values."""
+    holm = "" if test.p_holm is None else f", Holm-adjusted {test.p_holm:.3g}"
     return (
         f"{100 * test.diff:+.1f} points, {1 - LEVEL:.0%} CI"
-        f" {100 * test.low:+.1f} to {100 * test.high:+.1f}"
+        f" {100 * test.low:+.1f} to {100 * test.high:+.1f}; p = {test.p:.3g}{holm}"
     )
 
 
@@ -363,7 +399,7 @@ def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
             test = row.paired[i]
             if test is None:
                 continue
-            gap = f"{gap_text(test)}; p = {test.p:.3g}"
+            gap = gap_text(test)
             if test.significant:
                 target = better if test.diff > 0 else worse
                 target.append(f"{row.label} ({gap})")
@@ -394,6 +430,110 @@ def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
                 f" test needs at least {min_discordant()} items where the runs disagree"
             )
         parts += notes
+        tested = [row.paired[i] for row in rows if row.paired[i] is not None]
+        split = [row.label for row in rows if row.paired[i] is not None and row.paired[i].disagrees]
+        if split:
+            parts.append(
+                f"the interval and the exact test disagree on {', '.join(split)} (marked ≠):"
+                " read those as undecided"
+            )
         if parts:
-            out.append(f"{run.name}: " + "; ".join(parts) + ".")
+            what = f"{differing(run, runs[0])}; {at_equal_tokens([run], [runs[0]])}"
+            family = f"{stats.family_wise_words(len(tested), 1 - LEVEL)}" if tested else ""
+            tail = f" ({what}; one seed each{'; ' + family if family else ''})"
+            out.append(f"{run.name}: " + "; ".join(parts) + tail + ".")
+    return out
+
+
+@dataclass
+class RecipeCell:
+    """A recipe's figure on a task over its seeds, and its test against the first recipe."""
+
+    mean: float
+    sd: float | None
+    seeds: int
+    diff: float | None = None  # against the first recipe: Welch's
+    low: float | None = None
+    high: float | None = None
+    p: float | None = None
+    p_holm: float | None = None
+
+
+def recipe_table(runs: list[Run], rows: list[Row]) -> dict[str, Any]:
+    """Each recipe's score on each task: the mean and standard deviation over its seeds, and
+    Welch's interval and test against the first recipe, Holm-adjusted over the tasks."""
+    groups = by_recipe(runs)
+    index = {r.name: i for i, r in enumerate(runs)}
+    names = list(groups)
+    cells: dict[str, list[RecipeCell | None]] = {}
+    for row in rows:
+        per_recipe = []
+        for name in names:
+            values = [row.scores[index[r.name]] for r in groups[name]]
+            values = [v.value for v in values if v is not None]
+            sd = statistics.stdev(values) if len(values) > 1 else None
+            per_recipe.append(
+                RecipeCell(statistics.fmean(values), sd, len(values)) if values else None
+            )
+        base = per_recipe[0]
+        base_values = _seed_values(row, groups[names[0]], index)
+        for name, cell in zip(names[1:], per_recipe[1:], strict=True):
+            values = _seed_values(row, groups[name], index)
+            if cell is None or base is None or len(values) < 2 or len(base_values) < 2:
+                continue
+            cell.diff, cell.low, cell.high, _, cell.p = stats.welch(values, base_values)
+        cells[row.key] = per_recipe
+    for j in range(1, len(names)):
+        family = [
+            cells[row.key][j]
+            for row in rows
+            if cells[row.key][j] and cells[row.key][j].p is not None
+        ]
+        for cell, adjusted in zip(family, stats.holm([c.p for c in family]), strict=True):
+            cell.p_holm = adjusted
+    return {"names": names, "seeds": [len(groups[n]) for n in names], "cells": cells}
+
+
+def _seed_values(row: Row, group: list[Run], index: dict[str, int]) -> list[float]:
+    scores = [row.scores[index[r.name]] for r in group]
+    return [s.value for s in scores if s is not None]
+
+
+def recipe_verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
+    """Each recipe against the first over their seeds, in words: better or worse where Welch's
+    Holm-adjusted p is below 5%, the seeds cannot tell elsewhere."""
+    table = recipe_table(runs, rows)
+    groups = by_recipe(runs)
+    names, out = table["names"], []
+    base = names[0]
+    for j, name in enumerate(names[1:], start=1):
+        better, worse, unclear = [], [], []
+        for row in rows:
+            cell = table["cells"][row.key][j]
+            if cell is None or cell.p is None:
+                continue
+            gap = (
+                f"{100 * cell.diff:+.1f} points, {1 - LEVEL:.0%} Welch interval"
+                f" {100 * cell.low:+.1f} to {100 * cell.high:+.1f}; p = {cell.p:.3g},"
+                f" Holm-adjusted {cell.p_holm:.3g}"
+            )
+            if cell.p_holm is not None and cell.p_holm < LEVEL:
+                (better if cell.diff > 0 else worse).append(f"{row.label} ({gap})")
+            else:
+                unclear.append(row.label)
+        tested = len(better) + len(worse) + len(unclear)
+        if not tested:
+            continue
+        parts = []
+        if better:
+            parts.append(f"better than {base} on {', '.join(better)}")
+        if worse:
+            parts.append(f"worse than {base} on {', '.join(worse)}")
+        if unclear:
+            parts.append(f"the seeds cannot tell it from {base} on {', '.join(unclear)}")
+        seeds = f"over {len(groups[name])} and {len(groups[base])} seeds"
+        pair = (groups[name], groups[base])
+        what = f"{differing(pair[0][0], pair[1][0])}; {at_equal_tokens(*pair)}"
+        family = stats.family_wise_words(tested, 1 - LEVEL)
+        out.append(f"{name} ({seeds}): " + "; ".join(parts) + f" ({what}; {family}).")
     return out
