@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: setup demo sweep-demo mixture-demo test test-fast lint bench clean
+.PHONY: setup demo sweep-demo mixture-demo seeds-demo test test-fast lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,11 @@ sweep-demo: setup
 mixture-demo: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_mixture.html
 	@echo "report: $$(pwd)/results/report_mixture.html"
+
+## two recipes, three seeds each: comparisons over seeds (about 15 min on 2 cores)
+seeds-demo: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_seeds.html
+	@echo "report: $$(pwd)/results/report_seeds.html"
 
 ## all tests (unit tests, real Snakemake runs, the browser and SLURM tests where available), a file a
 ## worker on TEST_WORKERS workers (pytest-xdist), in the order collected (the SLURM tests first,

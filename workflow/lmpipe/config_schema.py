@@ -192,6 +192,13 @@ def run_schema() -> dict[str, Any]:
             "logging": ref("logging", default={}),
             "base": section_schema(BaseConfig),
             "sft": section_schema(SFTConfig),
+            "seeds": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0},
+                "minItems": 1,
+                "description": "train the run once a seed (lmpipe.replicas): runs <run>/seed=N,"
+                " each with train.seed N; a report treats them as one recipe",
+            },
         },
     }
 
