@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmpipe.report.powerlaw import fit_power_law, plus_minus
+from lmpipe.report.powerlaw import Estimate, fit_power_law, plus_minus
 
 A, B, E = 2.0, 0.3, 1.5  # the law the ladders are drawn from: L = A (C / C0)^-B + E
 
@@ -108,3 +108,11 @@ def test_the_predictions_range_widens_with_the_exponents():
 )
 def test_a_value_shows_only_the_digits_its_error_allows(value, se, text):
     assert plus_minus(value, se) == text
+
+
+def test_each_parameter_gets_a_95_percent_t_interval_of_the_residual_dof():
+    """Student's t at 97.5% with 3 dof is 3.182 (any table): not the normal 1.96, which covers
+    87% at 3 dof; no residual left, no interval."""
+    assert Estimate(1.0, 0.1, 3).interval == pytest.approx((0.6818, 1.3182), abs=1e-4)
+    assert str(Estimate(1.0, 0.1, 3)) == "1.00 ± 0.10 (95%: 0.682 to 1.32)"
+    assert Estimate(1.0, 0.1, 0).interval is None and Estimate(1.0, None, 3).interval is None

@@ -222,7 +222,9 @@ def test_a_ladder_that_identifies_its_law_prints_the_exponent_bold_and_warns_of_
     for name in params["order"]:
         write_run(layout, name, val_loss=3.0 * (compute[name] / 1e14) ** -0.25 + 2.0)
     html = page.build_report(params, layout)
-    assert re.search(r'<strong id="exponent">0\.2500 ± &lt; 0\.0001</strong>', html)
+    assert re.search(
+        r'<strong id="exponent">0\.2500 ± &lt; 0\.0001 \(95%: 0\.25 to 0\.25\)</strong>', html
+    )
     assert 'id="fit-warning"' not in html and "not identified" not in html
     assert "Exponents b from 0.25 to 0.25 fit the points within the 95% profile bound" in html
 

@@ -3,7 +3,9 @@
 C is a point's training compute, C0 the smallest point's (so that a is a loss, not of the order of
 C^b), e the floor the loss tends to. The fit is scipy's curve_fit: least squares on the losses.
 
-Standard errors come from curve_fit's covariance, scaled by the residuals' variance: a point's
+Standard errors come from curve_fit's covariance, scaled by the residuals' variance, and each
+parameter's 95% interval is its standard error times Student's t quantile with the residual
+degrees of freedom (n - 3: at 3 of them 3.18, not the normal 1.96): a point's
 val loss carries no known noise of its own (its eval batches measure the evaluation's noise, not
 the training run's: seed, data order), so the scatter about the curve is the only measure of it.
 A covariance is a straight-line picture of the fit at its optimum, though. With few points, or a
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import OptimizeWarning, brentq, curve_fit, lsq_linear
 from scipy.stats import f as f_dist
+from scipy.stats import t as t_dist
 
 FIT_PARAMS = 3  # a, b, e
 LEVEL = 0.95  # the profile range's confidence level
@@ -45,13 +48,27 @@ EXPONENTS = np.linspace(0.0, B_MAX, 501)[1:]  # the profile's grid; its ends are
 
 @dataclass(frozen=True)
 class Estimate:
-    """A fitted parameter and its standard error (None: no residual left to estimate it from)."""
+    """A fitted parameter, its standard error (None: no residual left to estimate it from) and
+    its 95% t interval (the residual degrees of freedom: with 3 of them, the standard error
+    times 3.18, not 2)."""
 
     value: float
     se: float | None
+    dof: int = 0
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        if self.se is None or not math.isfinite(self.se) or self.dof < 1:
+            return None
+        half = float(t_dist.ppf(0.5 + LEVEL / 2, self.dof)) * self.se
+        return self.value - half, self.value + half
 
     def __str__(self) -> str:
-        return plus_minus(self.value, self.se)
+        interval = self.interval
+        if interval is None:
+            return plus_minus(self.value, self.se)
+        low, high = interval
+        return f"{plus_minus(self.value, self.se)} ({LEVEL:.0%}: {low:.3g} to {high:.3g})"
 
 
 @dataclass(frozen=True)
@@ -153,7 +170,8 @@ def fit_power_law(points: list[dict[str, Any]]) -> Fit | str:
     rss = float(np.sum((y - law.loss(c)) ** 2))
     best = (rss, b, a, e)  # the fit beside the grid's exponents: the profile's lowest point
     profile = profile_exponent(x, y, law, sorted([*grid, best], key=lambda g: g[1]), factor)
-    fit = Fit(law, Estimate(a, se[0]), Estimate(b, se[1]), Estimate(e, se[2]), dof, rss, profile)
+    a_, b_, e_ = (Estimate(v, err, dof) for v, err in zip((a, b, e), se, strict=True))
+    fit = Fit(law, a_, b_, e_, dof, rss, profile)
     for p in points:
         fitted = float(law.loss(p["compute"]))
         fit.points.append(p | {"fitted": fitted, "residual": p["loss"] - fitted})
