@@ -232,3 +232,22 @@ def test_replicated_recipes_are_compared_over_seeds_with_holm(layout: Layout, tm
     assert "the seeds cannot tell it from a on HellaSwag (llm.c scoring), ARC-Easy (" in verdict
     assert "differs in train.optimizer.lr" in verdict and "Holm-adjusted over the" in verdict
     assert "▲" not in row_text(html, "task-piqa")  # no run-against-run test
+
+
+def test_a_report_compares_the_pairs_its_config_names(layout: Layout, tmp_path: Path):  # noqa: F811
+    """compare: [[b, c]]: c is tested against b, and neither a nor b against anything."""
+    from test_report import params
+
+    from lmpipe.report import page
+
+    for run in ("a", "b", "c"):
+        write_run(layout, run)
+    add_suite(layout, "a", suite_result({"piqa": [0] * 50}))
+    add_suite(layout, "b", suite_result({"piqa": [0] * 50}))
+    add_suite(layout, "c", suite_result({"piqa": [1] * 30 + [0] * 20}))
+    runs = {n: settings(1e-3) | {"run": n} for n in ("a", "b", "c")}
+    html = _plain(page.build_report(params(runs, 0.0) | {"compare": [["b", "c"]]}, layout))
+    verdict = html[html.index('<ul id="verdicts">') :]
+    verdict = verdict[: verdict.index("</ul>")]
+    assert verdict.count("<li>") == 1 and "<li>c: better than b on PIQA" in verdict
+    assert row_text(html, "task-piqa").count("p = ") == 1

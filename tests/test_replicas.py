@@ -65,3 +65,47 @@ def test_a_run_fine_tuned_from_a_replicated_run_must_name_a_replica(cfg):
         r" \(embedded-a/seed=1\)",
     ):
         schema.validate(cfg)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "message"),
+    [
+        (
+            [["embedded-a", "embedded-z"]],
+            r"reports.recipes.compare\[0\]: 'embedded-z' is not a run of this report",
+        ),
+        ([["embedded-a", "embedded-a"]], r"compare\[0\]: 'embedded-a' against itself"),
+        (
+            [["embedded-a", "embedded-modern"], ["embedded-a4", "embedded-modern"]],
+            r"compare\[1\]: 'embedded-modern' is already compared against 'embedded-a'",
+        ),
+    ],
+)
+def test_a_comparison_the_report_cannot_make_is_refused(cfg, pairs, message):
+    cfg["reports"]["recipes"]["compare"] = pairs
+    with pytest.raises(ConfigError, match=message):
+        schema.validate(cfg)
+
+
+def test_the_recipes_report_compares_its_equal_token_pairs(cfg):
+    """The shipped recipes report names its pairs (24 steps each, 96 each), and a comparison may
+    name a replicated run by its recipe."""
+    schema.validate(cfg)
+    assert cfg["reports"]["recipes"]["compare"] == [
+        ["embedded-a", "embedded-modern"],
+        ["embedded-a4", "embedded-speedrun"],
+    ]
+    steps = {
+        r: cfg["runs"][r]["train"]["max_steps"]
+        for pair in cfg["reports"]["recipes"]["compare"]
+        for r in pair
+    }
+    assert steps == {
+        "embedded-a": 24,
+        "embedded-modern": 24,
+        "embedded-a4": 96,
+        "embedded-speedrun": 96,
+    }
+    cfg = yaml.safe_load(CONFIG_FILE.read_text())
+    cfg["reports"]["seeds"]["compare"] = [["seeds-muon", "seeds-adamw"]]
+    schema.validate(cfg)

@@ -1019,5 +1019,6 @@ def report_params(config: dict[str, Any], report: str) -> str:
             "gpu_hour_price": rep["gpu_hour_price"],
             "runs": runs,
             "order": rep["runs"],  # canonical JSON sorts keys: the report's order, kept here
+            **({"compare": rep["compare"]} if rep.get("compare") else {}),
         }
     )

@@ -256,6 +256,17 @@ REPORT = {
     "properties": {
         "runs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         "gpu_hour_price": GPU_HOUR_PRICE,
+        "compare": {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 2,
+                "maxItems": 2,
+            },
+            "description": "the pairs the verdict compares, [baseline, run] (a replicated run by"
+            " its name); default: every run against the first",
+        },
     },
 }
 

@@ -462,6 +462,29 @@ def check_config(config: dict[str, Any]) -> None:
                 raise ConfigError(
                     f"reports.{name}.runs: unknown run {run!r}{did_you_mean(run, config['runs'])}"
                 )
+        check_comparisons(name, rep)
+
+
+def check_comparisons(report: str, rep: dict[str, Any]) -> None:
+    """A report's `compare` pairs name its runs (a replicated run by its recipe's name), each
+    run compared against one baseline at most, never against itself."""
+    names = list(dict.fromkeys(replicas.recipe_of(r) for r in rep["runs"]))
+    against: dict[str, str] = {}
+    for i, (base, other) in enumerate(rep.get("compare") or []):
+        where = f"reports.{report}.compare[{i}]"
+        for run in (base, other):
+            if run not in names:
+                raise ConfigError(
+                    f"{where}: {run!r} is not a run of this report{did_you_mean(run, names)}"
+                )
+        if base == other:
+            raise ConfigError(f"{where}: {base!r} against itself")
+        if other in against:
+            raise ConfigError(
+                f"{where}: {other!r} is already compared against {against[other]!r};"
+                " a run has one baseline (put it first in another pair to compare it again)"
+            )
+        against[other] = base
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -242,10 +242,28 @@ def task_references() -> list[Reference]:
     return [r for r in REFERENCES if keys & set(r.figures)]
 
 
-def compare(runs: list[Run]) -> dict[str, Any] | None:
-    """The task table (rows: tasks, then the core average) and the verdicts in words; None when
-    no run has an accuracy task."""
+def pairs(names: list[str], compare: list[list[str]] | None) -> list[tuple[str, str]]:
+    """(baseline, other) of each comparison: the report's `compare` pairs, else each after the
+    first against the first."""
+    if compare:
+        return [(base, other) for base, other in compare if base in names and other in names]
+    return [(names[0], other) for other in names[1:]]
+
+
+def baselines(runs: list[Run], compare: list[list[str]] | None) -> list[int | None]:
+    """Each run's baseline's position in `runs` (None: compared against none)."""
+    names = [r.name for r in runs]
+    out: list[int | None] = [None] * len(runs)
+    for base, other in pairs(names, compare):
+        out[names.index(other)] = names.index(base)
+    return out
+
+
+def compare(runs: list[Run], compare: list[list[str]] | None = None) -> dict[str, Any] | None:
+    """The task table (rows: tasks, then the core average) and the verdicts in words, each run
+    tested against its baseline (`pairs`); None when no run has an accuracy task."""
     scores = [task_scores(r) for r in runs]
+    base_of = baselines(runs, compare)
     tasks = [t for t in TASK_LABELS if any(t in s for s in scores)]
     if not tasks:
         return None
@@ -255,7 +273,8 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
         cells = [s.get(task) for s in scores]
         split = next((c.split for c in cells if c is not None), None)
         tests = [
-            _paired(cells[0], c, runs[0].name, r.name) for r, c in zip(runs, cells, strict=True)
+            (None, None) if b is None else _paired(cells[b], c, runs[b].name, r.name)
+            for r, c, b in zip(runs, cells, base_of, strict=True)
         ]
         rows.append(
             Row(
@@ -264,12 +283,12 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
                 metric=_headline_metric(runs, task),
                 split=split,
                 scores=cells,
-                paired=[None] + [t for t, _ in tests[1:]],
+                paired=[t for t, _ in tests],
                 references=_reference_cells(task, split, refs),
-                notes=[None] + [note for _, note in tests[1:]],
+                notes=[note for _, note in tests],
             )
         )
-    core = _core_row(runs, scores)
+    core = _core_row(runs, scores, base_of)
     if core is not None:
         rows.append(core)
     replicated = any(len(group) > 1 for group in by_recipe(runs).values())
@@ -277,7 +296,7 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
         for row in rows:
             row.paired = [None] * len(runs)
             row.notes = [None] * len(runs)
-    for i in range(1, len(runs)):  # each run's tests over the tasks: one family
+    for i in range(len(runs)):  # each run's tests over the tasks: one family
         family = [row.paired[i] for row in rows if row.paired[i] is not None]
         for test, adjusted in zip(family, stats.holm([t.p for t in family]), strict=True):
             test.p_holm = adjusted
@@ -289,10 +308,13 @@ def compare(runs: list[Run]) -> dict[str, Any] | None:
     return {
         "runs": [r.name for r in runs],
         "baseline": runs[0].name,
+        "baselines": [None if b is None else runs[b].name for b in base_of],
         "rows": rows,
         "references": refs,
-        "verdicts": recipe_verdicts(runs, rows) if replicated else verdicts(runs, rows),
-        "recipes": recipe_table(runs, rows) if replicated else None,
+        "verdicts": (
+            recipe_verdicts(runs, rows, compare) if replicated else verdicts(runs, rows, base_of)
+        ),
+        "recipes": recipe_table(runs, rows, compare) if replicated else None,
         "level": LEVEL,
     }
 
@@ -327,7 +349,9 @@ def _paired(
     return mcnemar(a, b), note
 
 
-def _core_row(runs: list[Run], scores: list[dict[str, Score]]) -> Row | None:
+def _core_row(
+    runs: list[Run], scores: list[dict[str, Score]], base_of: list[int | None]
+) -> Row | None:
     """The suite's core average as each run's suite result gives it, with its standard error
     (tasks independent) and the paired test against the baseline over the tasks both scored."""
     cores: list[Score | None] = []
@@ -342,24 +366,28 @@ def _core_row(runs: list[Run], scores: list[dict[str, Score]]) -> Row | None:
         cores.append(Score(suite["core"], stderr, sum(s[t].items for t in names if t in s)))
     if not any(cores):
         return None
-    base_tasks = (runs[0].evals.get("suite") or {}).get("core_tasks") or []
-    paired: list[Paired | None] = [None]
-    notes: list[str | None] = [None]
-    for i in range(1, len(runs)):
+    paired: list[Paired | None] = []
+    notes: list[str | None] = []
+    for i, b in enumerate(base_of):
+        if b is None:
+            paired.append(None)
+            notes.append(None)
+            continue
+        base_tasks = (runs[b].evals.get("suite") or {}).get("core_tasks") or []
         tasks = (runs[i].evals.get("suite") or {}).get("core_tasks") or []
-        if cores[0] is None or cores[i] is None:
+        if cores[b] is None or cores[i] is None:
             paired.append(None)
             notes.append(None)
             continue
         if tasks != base_tasks:
             paired.append(None)
-            notes.append(f"not tested: averages other tasks than {runs[0].name}'s")
+            notes.append(f"not tested: averages other tasks than {runs[b].name}'s")
             continue
         pairs = []
         for t in tasks:
-            a, b = scores[0].get(t), scores[i].get(t)
-            if a and b and a.correct and b.correct and a.split == b.split:
-                pair = common_items(a, b)
+            x, y = scores[b].get(t), scores[i].get(t)
+            if x and y and x.correct and y.correct and x.split == y.split:
+                pair = common_items(x, y)
                 if pair[0]:
                     pairs.append(pair)
         complete = len(pairs) == len(tasks)
@@ -387,13 +415,16 @@ def gap_text(test: Paired) -> str:
     )
 
 
-def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
+def verdicts(runs: list[Run], rows: list[Row], base_of: list[int | None]) -> list[str]:
     """Each run against the baseline in words: better on what, worse on what, where the data
     cannot tell, where too few items disagree for any test to tell, and what was not tested or
     tested on fewer items than scored."""
     out = []
-    base = runs[0].name
-    for i, run in enumerate(runs[1:], start=1):
+    for i, run in enumerate(runs):
+        if base_of[i] is None:
+            continue
+        baseline = runs[base_of[i]]
+        base = baseline.name
         better, worse, unclear, too_few = [], [], [], []
         for row in rows:
             test = row.paired[i]
@@ -438,7 +469,7 @@ def verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
                 " read those as undecided"
             )
         if parts:
-            what = f"{differing(run, runs[0])}; {at_equal_tokens([run], [runs[0]])}"
+            what = f"{differing(run, baseline)}; {at_equal_tokens([run], [baseline])}"
             family = f"{stats.family_wise_words(len(tested), 1 - LEVEL)}" if tested else ""
             tail = f" ({what}; one seed each{'; ' + family if family else ''})"
             out.append(f"{run.name}: " + "; ".join(parts) + tail + ".")
@@ -459,39 +490,38 @@ class RecipeCell:
     p_holm: float | None = None
 
 
-def recipe_table(runs: list[Run], rows: list[Row]) -> dict[str, Any]:
+def recipe_table(
+    runs: list[Run], rows: list[Row], compare: list[list[str]] | None = None
+) -> dict[str, Any]:
     """Each recipe's score on each task: the mean and standard deviation over its seeds, and
-    Welch's interval and test against the first recipe, Holm-adjusted over the tasks."""
+    Welch's interval and test against its baseline recipe (`pairs`), Holm-adjusted over the
+    tasks."""
     groups = by_recipe(runs)
     index = {r.name: i for i, r in enumerate(runs)}
     names = list(groups)
+    base_of = {other: base for base, other in pairs(names, compare)}
     cells: dict[str, list[RecipeCell | None]] = {}
     for row in rows:
         per_recipe = []
         for name in names:
-            values = [row.scores[index[r.name]] for r in groups[name]]
-            values = [v.value for v in values if v is not None]
-            sd = statistics.stdev(values) if len(values) > 1 else None
-            per_recipe.append(
-                RecipeCell(statistics.fmean(values), sd, len(values)) if values else None
-            )
-        base = per_recipe[0]
-        base_values = _seed_values(row, groups[names[0]], index)
-        for name, cell in zip(names[1:], per_recipe[1:], strict=True):
             values = _seed_values(row, groups[name], index)
-            if cell is None or base is None or len(values) < 2 or len(base_values) < 2:
-                continue
-            cell.diff, cell.low, cell.high, _, cell.p = stats.welch(values, base_values)
+            sd = statistics.stdev(values) if len(values) > 1 else None
+            cell = RecipeCell(statistics.fmean(values), sd, len(values)) if values else None
+            base_values = _seed_values(row, groups[base_of[name]], index) if name in base_of else []
+            if cell is not None and len(values) > 1 and len(base_values) > 1:
+                cell.diff, cell.low, cell.high, _, cell.p = stats.welch(values, base_values)
+            per_recipe.append(cell)
         cells[row.key] = per_recipe
-    for j in range(1, len(names)):
-        family = [
-            cells[row.key][j]
-            for row in rows
-            if cells[row.key][j] and cells[row.key][j].p is not None
-        ]
+    for j in range(len(names)):
+        family = [c for row in rows if (c := cells[row.key][j]) and c.p is not None]
         for cell, adjusted in zip(family, stats.holm([c.p for c in family]), strict=True):
             cell.p_holm = adjusted
-    return {"names": names, "seeds": [len(groups[n]) for n in names], "cells": cells}
+    return {
+        "names": names,
+        "seeds": [len(groups[n]) for n in names],
+        "baselines": [base_of.get(n) for n in names],
+        "cells": cells,
+    }
 
 
 def _seed_values(row: Row, group: list[Run], index: dict[str, int]) -> list[float]:
@@ -499,14 +529,18 @@ def _seed_values(row: Row, group: list[Run], index: dict[str, int]) -> list[floa
     return [s.value for s in scores if s is not None]
 
 
-def recipe_verdicts(runs: list[Run], rows: list[Row]) -> list[str]:
-    """Each recipe against the first over their seeds, in words: better or worse where Welch's
-    Holm-adjusted p is below 5%, the seeds cannot tell elsewhere."""
-    table = recipe_table(runs, rows)
+def recipe_verdicts(
+    runs: list[Run], rows: list[Row], compare: list[list[str]] | None = None
+) -> list[str]:
+    """Each recipe against its baseline over their seeds, in words: better or worse where
+    Welch's Holm-adjusted p is below 5%, the seeds cannot tell elsewhere."""
+    table = recipe_table(runs, rows, compare)
     groups = by_recipe(runs)
-    names, out = table["names"], []
-    base = names[0]
-    for j, name in enumerate(names[1:], start=1):
+    out = []
+    for j, name in enumerate(table["names"]):
+        base = table["baselines"][j]
+        if base is None:
+            continue
         better, worse, unclear = [], [], []
         for row in rows:
             cell = table["cells"][row.key][j]

@@ -100,16 +100,22 @@ def at_equal_tokens(mine: list[Run], theirs: list[Run]) -> str:
     return words
 
 
-def val_loss_lines(runs: list[Run]) -> list[str]:
-    """Each pretraining recipe's val loss against the first's, on each val shard both were
-    scored on (a mixture's sources, or the one dataset)."""
+def val_loss_lines(runs: list[Run], compare: list[list[str]] | None = None) -> list[str]:
+    """Each pretraining recipe's val loss against its baseline's (the report's `compare` pairs,
+    else the first's), on each val shard both were scored on (a mixture's sources, or the one
+    dataset)."""
     groups = by_recipe([r for r in runs if not r.fine_tuned])
     names = list(groups)
     if len(names) < 2:
         return []
-    base = names[0]
+    if compare:
+        pairs = [(a, b) for a, b in compare if a in groups and b in groups]
+    else:
+        pairs = [(names[0], name) for name in names[1:]]
     return [
-        line for name in names[1:] for line in recipe_lines(name, groups[name], base, groups[base])
+        line
+        for base, name in pairs
+        for line in recipe_lines(name, groups[name], base, groups[base])
     ]
 
 
@@ -261,9 +267,10 @@ def remote_code(run: Run) -> str | None:
     )
 
 
-def findings(runs: list[Run]) -> list[str]:
-    """The verdict's lines: each pretraining run's val loss against the first's, then flags."""
-    lines: list[str | None] = list(val_loss_lines(runs))
+def findings(runs: list[Run], compare: list[list[str]] | None = None) -> list[str]:
+    """The verdict's lines: each pretraining recipe's val loss against its baseline's, then
+    flags."""
+    lines: list[str | None] = list(val_loss_lines(runs, compare))
     lines += [lost_pretraining(r, runs) for r in runs]
     lines += [repeated_replies(r) for r in runs]
     lines += [skipped_checkpoints(r) for r in runs]

@@ -297,7 +297,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         report=params["report"],
         generated=generated,
         price_label=price_label(setting),
-        findings=findings(runs),
+        findings=findings(runs, params.get("compare")),
         runs=runs,
         columns=headline_columns(runs),
         headlines=headlines,
@@ -310,7 +310,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
             for r in REFERENCES
             if r.tokens or any(c.key in r.figures for c in headline_columns(runs))
         ],
-        comparison=compare(runs),
+        comparison=compare(runs, params.get("compare")),
         settings=settings,
         differing=[row["key"] for row in settings if row["differs"]],
         kind_differing=[row["key"] for row in settings if row["kind"]],
