@@ -38,6 +38,7 @@ from lmpipe.report.figures import (
     wall_figure,
 )
 from lmpipe.report.findings import findings
+from lmpipe.report.noise import task_noise, undecided_words
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import (
     Run,
@@ -289,6 +290,10 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         "suite": suite_figure(runs),
     }
     settings = settings_table(runs)
+    comparison = compare(runs, params.get("compare"))
+    if comparison is not None:  # which task can tell these runs apart, before its numbers
+        comparison["noise"] = task_noise(runs, comparison["rows"])
+        comparison["undecided"] = undecided_words(comparison["noise"])
     kinds = {}
     for r in runs:
         kinds.setdefault(r.kind, []).append(r.name)
@@ -310,7 +315,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
             for r in REFERENCES
             if r.tokens or any(c.key in r.figures for c in headline_columns(runs))
         ],
-        comparison=compare(runs, params.get("compare")),
+        comparison=comparison,
         settings=settings,
         differing=[row["key"] for row in settings if row["differs"]],
         kind_differing=[row["key"] for row in settings if row["kind"]],
