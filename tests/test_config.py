@@ -527,3 +527,15 @@ def test_embedded_speedrun_is_speedrun_124m_scaled_down():
     for key in ("seq_len", "micro_batch", "batch_tokens", "max_steps", "val_tokens"):
         assert base["train"][key] == s[key]
     assert base["dataset"] == small["dataset"] and base["launch"] == small["launch"]
+
+
+def test_a_result_format_raised_reruns_that_evaluation_only(cfg):
+    """val_loss's results hold each document's losses (result_format 2): its params say so, so
+    results scored before it are scored again; every other evaluation's params are unchanged."""
+    schema.validate(cfg)
+    val = json.loads(lmconfig.eval_params(cfg, "embedded-a", "val_loss"))
+    assert val["result_format"] == 2
+    for name in ("hellaswag", "suite", "samples"):
+        assert "result_format" not in json.loads(lmconfig.eval_params(cfg, "embedded-a", name))
+    job = lmconfig.EvalJob.from_json(lmconfig.eval_params(cfg, "embedded-a", "val_loss"))
+    assert job.settings.tokens == 32768

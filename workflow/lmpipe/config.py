@@ -993,7 +993,9 @@ def eval_params(config: dict[str, Any], run: str, evaluation: str) -> str:
     section = EVALUATIONS[evaluation].section
     settings = dataclasses.asdict(run_config(config, run).eval[section])
     settings.pop("during_training", None)
-    return canonical_json({"run": run, "evaluation": evaluation, "settings": settings})
+    params = {"run": run, "evaluation": evaluation, "settings": settings}
+    form = EVALUATIONS[evaluation].result_format
+    return canonical_json(params | ({"result_format": form} if form > 1 else {}))
 
 
 def report_params(config: dict[str, Any], report: str) -> str:

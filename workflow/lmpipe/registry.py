@@ -487,6 +487,9 @@ class Evaluation:
     columns: tuple[Column, ...] = ()
     description: str = ""
     during_training: TrainingScorer | None = None  # also scored as the model trains
+    # the version of its result file's contents: raised when a result holds what older ones do
+    # not, so that the existing results are scored again (it is part of the job's params)
+    result_format: int = 1
 
 
 # ---- the evaluations' costs: forward tokens for one run -------------------------------------
@@ -553,6 +556,7 @@ EVALUATIONS: dict[str, Evaluation] = {
             columns=(Column("val_loss", "FineWeb val loss", "value", "loss"),),
             description="mean next-token loss on the text dataset's val shard (a mixture's:"
             " on each source's, and their mean by weight)",
+            result_format=2,  # each document's summed loss and tokens: the report's interval
         ),
         Evaluation(
             "hellaswag",
