@@ -210,12 +210,14 @@ def test_replicated_recipes_are_compared_over_seeds_with_holm(layout: Layout, tm
 
     piqa = {"a": [20, 22, 21], "b": [35, 37, 36]}  # right of 50, a seed each
     arc = {"a": [20, 25, 22], "b": [21, 24, 22]}
+    boolq = {"a": [11, 11, 11], "b": [11, 11, 11]}  # the majority answer, whatever the seed
     runs = {}
     for recipe in ("a", "b"):
         for i, seed in enumerate((1, 2, 3)):
             name = f"{recipe}/seed={seed}"
             write_run(layout, name)
             right = {"piqa": piqa[recipe][i], "arc_easy": arc[recipe][i]}
+            right["boolq"] = boolq[recipe][i]
             correct = {t: [1] * k + [0] * (50 - k) for t, k in right.items()}
             add_suite(layout, name, suite_result(correct))
             runs[name] = settings(1e-3 if recipe == "a" else 3e-3) | {"run": name}
@@ -228,10 +230,14 @@ def test_replicated_recipes_are_compared_over_seeds_with_holm(layout: Layout, tm
     verdict = html[html.index('<ul id="verdicts">') :]
     verdict = verdict[: verdict.index("</ul>")]
     assert verdict.count("<li>") == 1 and "b (over 3 and 3 seeds): better than a on PIQA" in verdict
-    # HellaSwag (test_report's write_run): the same result for every seed
-    assert "the seeds cannot tell it from a on HellaSwag (llm.c scoring), ARC-Easy (" in verdict
+    assert "; the seeds cannot tell it from a on ARC-Easy; not tested on" in verdict
     assert "differs in train.optimizer.lr" in verdict and "Holm-adjusted over the" in verdict
     assert "▲" not in row_text(html, "task-piqa")  # no run-against-run test
+    # no spread at all: no zero-width interval, no test
+    # (HellaSwag, test_report's write_run: the same result for every seed)
+    assert "not tested on HellaSwag (llm.c scoring), BoolQ: every seed of both scored" in verdict
+    assert "every seed alike: not tested" in row_text(html, "recipe-boolq")
+    assert "[+0.0, +0.0]" not in html
 
 
 def test_a_report_compares_the_pairs_its_config_names(layout: Layout, tmp_path: Path):  # noqa: F811

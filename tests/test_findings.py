@@ -235,3 +235,17 @@ def test_a_mixture_is_compared_on_each_val_shard_both_runs_were_scored_on():
     lines = findings([mix, mix2])
     assert [ln.split(" ")[4] for ln in lines] == ["embedded", "books"]
     assert "worse than m on these documents" in lines[1]
+
+
+def test_a_section_with_many_differences_is_named_once():
+    """An architecture's many keys: the model section by its first key and a count, so that the
+    optimizer's difference still shows."""
+    from lmpipe.report.findings import differing
+
+    a = run("a", settings={"model": {"arch": "gpt2", "bias": True, "norm": "layer"}})
+    b = run("b", settings={"model": {"arch": "modern", "bias": False, "norm": "rms"}})
+    a.settings["train"] = {"optimizer": {"name": "adamw", "lr": 3e-3}, "seed": 1}
+    b.settings["train"] = {"optimizer": {"name": "muon", "lr": 0.02}, "seed": 2}
+    assert differing(a, b) == (
+        "differs in model.arch and 2 more model keys, train.optimizer.lr, train.optimizer.name"
+    )

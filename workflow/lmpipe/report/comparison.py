@@ -488,6 +488,7 @@ class RecipeCell:
     high: float | None = None
     p: float | None = None
     p_holm: float | None = None
+    alike: bool = False  # every seed of both recipes scored the same: not tested
 
 
 def recipe_table(
@@ -509,7 +510,11 @@ def recipe_table(
             cell = RecipeCell(statistics.fmean(values), sd, len(values)) if values else None
             base_values = _seed_values(row, groups[base_of[name]], index) if name in base_of else []
             if cell is not None and len(values) > 1 and len(base_values) > 1:
-                cell.diff, cell.low, cell.high, _, cell.p = stats.welch(values, base_values)
+                diff, low, high, dof, p = stats.welch(values, base_values)
+                if math.isfinite(dof):  # every seed alike on both sides: nothing to test
+                    cell.diff, cell.low, cell.high, cell.p = diff, low, high, p
+                else:
+                    cell.alike = True
             per_recipe.append(cell)
         cells[row.key] = per_recipe
     for j in range(len(names)):
@@ -541,9 +546,11 @@ def recipe_verdicts(
         base = table["baselines"][j]
         if base is None:
             continue
-        better, worse, unclear = [], [], []
+        better, worse, unclear, alike = [], [], [], []
         for row in rows:
             cell = table["cells"][row.key][j]
+            if cell is not None and cell.alike:
+                alike.append(row.label)
             if cell is None or cell.p is None:
                 continue
             gap = (
@@ -556,7 +563,7 @@ def recipe_verdicts(
             else:
                 unclear.append(row.label)
         tested = len(better) + len(worse) + len(unclear)
-        if not tested:
+        if not tested and not alike:
             continue
         parts = []
         if better:
@@ -565,6 +572,8 @@ def recipe_verdicts(
             parts.append(f"worse than {base} on {', '.join(worse)}")
         if unclear:
             parts.append(f"the seeds cannot tell it from {base} on {', '.join(unclear)}")
+        if alike:
+            parts.append(f"not tested on {', '.join(alike)}: every seed of both scored the same")
         seeds = f"over {len(groups[name])} and {len(groups[base])} seeds"
         pair = (groups[name], groups[base])
         what = f"{differing(pair[0][0], pair[1][0])}; {at_equal_tokens(*pair)}"

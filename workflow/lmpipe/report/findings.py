@@ -63,18 +63,30 @@ def tokens_trained(run: Run) -> int | None:
     return int(tokens) if tokens is not None else None
 
 
-def differing(a: Run, b: Run, most: int = 5) -> str:
-    """The settings two runs differ in (a replica's seed aside), in words."""
+def differing(a: Run, b: Run, most: int = 6) -> str:
+    """The settings two runs differ in (a replica's seed aside), in words: a section in which
+    more than two keys differ is named once, by its first key and a count (`model.arch and 8
+    more model keys`), so that an architecture's many keys do not hide the rest."""
     fa, fb = flatten(used_settings(a)), flatten(used_settings(b))
-    keys = [
-        k
-        for k in sorted(set(fa) | set(fb))
-        if k != "train.seed"
-        and json.dumps(fa.get(k), sort_keys=True) != json.dumps(fb.get(k), sort_keys=True)
-    ]
+
+    def same(k: str) -> bool:
+        return json.dumps(fa.get(k), sort_keys=True) == json.dumps(fb.get(k), sort_keys=True)
+
+    keys = [k for k in sorted(set(fa) | set(fb)) if k != "train.seed" and not same(k)]
     if not keys:
         return "the same settings"
-    shown = ", ".join(keys[:most]) + (f" and {len(keys) - most} more" if len(keys) > most else "")
+    sections: dict[str, list[str]] = {}
+    for k in keys:
+        sections.setdefault(k.split(".")[0], []).append(k)
+    words = []
+    for section, ks in sections.items():
+        if len(ks) > 2:
+            words.append(f"{ks[0]} and {len(ks) - 1} more {section} keys")
+        else:
+            words += ks
+    shown = ", ".join(words[:most]) + (
+        f" and {len(words) - most} more" if len(words) > most else ""
+    )
     return f"differs in {shown}"
 
 
