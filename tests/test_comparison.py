@@ -238,6 +238,9 @@ def test_replicated_recipes_are_compared_over_seeds_with_holm(layout: Layout, tm
     assert "not tested on HellaSwag (llm.c scoring), BoolQ: every seed of both scored" in verdict
     assert "every seed alike: not tested" in row_text(html, "recipe-boolq")
     assert "[+0.0, +0.0]" not in html
+    # the headline: a row a recipe, each figure's mean and sd over its seeds
+    a_row = row_text(html, "headline-recipe-a")
+    assert "mean (sd) over its 3 seeds" in a_row
 
 
 def test_a_report_compares_the_pairs_its_config_names(layout: Layout, tmp_path: Path):  # noqa: F811

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpipe import stats
-from lmpipe.report.findings import at_equal_tokens, by_recipe, differing
+from lmpipe.report.findings import at_equal_tokens, differing
 from lmpipe.report.references import REFERENCES, Reference
-from lmpipe.report.runs import Run
+from lmpipe.report.runs import Run, by_recipe
 
 LEVEL = 0.05  # significance level of the paired tests (95%)
 TASK_LABELS = {

@@ -26,8 +26,7 @@ import statistics
 from typing import Any
 
 from lmpipe import stats
-from lmpipe.replicas import recipe_of
-from lmpipe.report.runs import Run, flatten, used_settings
+from lmpipe.report.runs import Run, by_recipe, flatten, used_settings
 from lmpipe.stats import LEVEL
 
 UNTRAINED_LOSS = math.log(50257)  # a uniform guess over GPT-2's vocabulary: 10.82
@@ -45,15 +44,6 @@ def data_name(result: dict[str, Any]) -> str:
     hf` model's own tokens of a text are other data than GPT-2's of it)."""
     of = result.get("tokens_of")
     return str(result.get("dataset")) + (f" in {of}'s tokens" if of else "")
-
-
-def by_recipe(runs: list[Run]) -> dict[str, list[Run]]:
-    """The runs grouped by recipe (lmpipe.replicas: `a/seed=1338` is a replica of `a`), in the
-    report's order."""
-    groups: dict[str, list[Run]] = {}
-    for r in runs:
-        groups.setdefault(recipe_of(r.name), []).append(r)
-    return groups
 
 
 def tokens_trained(run: Run) -> int | None:

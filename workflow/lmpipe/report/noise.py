@@ -23,8 +23,7 @@ import statistics
 from dataclasses import dataclass
 
 from lmpipe.report.comparison import Row
-from lmpipe.report.findings import by_recipe
-from lmpipe.report.runs import Run
+from lmpipe.report.runs import Run, by_recipe
 
 LAST = 5  # the final in-training evaluations a noise reads (snr_simple.py: `lst[-5:]`)
 

@@ -48,6 +48,7 @@ from lmpipe.report.runs import (
     headline_columns,
     load_run,
     produced_by,
+    recipe_headlines,
     used_settings,
 )
 from lmpipe.report.sweep import fmt_sci, sweep_context
@@ -299,6 +300,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         kinds.setdefault(r.kind, []).append(r.name)
     headlines = [headline(r, price[r.name]) for r in runs]
     return env.get_template("report.html.j2").render(
+        recipes=recipe_headlines(runs, headlines),
         report=params["report"],
         generated=generated,
         price_label=price_label(setting),

@@ -17,6 +17,7 @@ from typing import Any
 from lmpipe.files import read_json_lines
 from lmpipe.paths import Layout
 from lmpipe.registry import EVALUATIONS, Column
+from lmpipe.replicas import recipe_of
 from lmpipe.report.restarts import Restarts, read_attempts, summarise
 
 
@@ -224,6 +225,44 @@ def headline(run: Run, gpu_hour_price: float | None) -> dict[str, Any]:
         "device": device,
         "world_size": world_size,
     }
+
+
+def by_recipe(runs: list[Run]) -> dict[str, list[Run]]:
+    """The runs grouped by recipe (lmpipe.replicas: `a/seed=1338` is a replica of `a`), in the
+    report's order."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(recipe_of(r.name), []).append(r)
+    return groups
+
+
+def _mean_sd(values: list[Any]) -> tuple[float, float] | None:
+    values = [v for v in values if v is not None]
+    if len(values) < 2:
+        return None
+    return statistics.fmean(values), statistics.stdev(values)
+
+
+def recipe_headlines(runs: list[Run], headlines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row for each replicated recipe: each headline figure's mean and standard deviation
+    over its seeds (lmpipe.replicas)."""
+    rows = {h["name"]: h for h in headlines}
+    out = []
+    for recipe, group in by_recipe(runs).items():
+        if len(group) < 2:
+            continue
+        hs = [rows[r.name] for r in group]
+        keys = {k for h in hs for k in h["metrics"]}
+        out.append(
+            {
+                "name": recipe,
+                "seeds": len(group),
+                "metrics": {k: _mean_sd([h["metrics"].get(k) for h in hs]) for k in keys},
+                **{k: _mean_sd([h[k] for h in hs]) for k in ("wall_s", "tokens_per_s", "mfu")},
+                "tokens": _mean_sd([h["tokens"] for h in hs]),
+            }
+        )
+    return out
 
 
 def headline_columns(runs: list[Run]) -> list[Column]:
