@@ -38,6 +38,8 @@ GROUND = {
     "pending",
     "job_params",
     "import_noise",
+    "replicas",
+    "stats",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and

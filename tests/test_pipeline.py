@@ -148,13 +148,13 @@ def test_report_holds_every_runs_metrics_and_the_differences(built: Path) -> Non
     assert re.findall(r"<td>([^<]*)</td>", row) == ["12", "12", str(meta["step"])]
     assert meta["step"] > 0
     assert html.count("<img ") >= 3 and "data:image/png;base64," in html
-    # the verdict: embedded-b's val loss against embedded-a's, over the 19 val documents both
-    # scored (32,768 tokens of the embedded val shard), said to be one seed each
+    # the verdict: embedded-b's val loss against embedded-a's, over the val documents both
+    # scored, said to be one seed each
     verdict = re.search(r'<ul id="findings">(.*?)</ul>', html, re.S).group(1)
     said = r"embedded-b: FineWeb val loss [\d.]+ against embedded-a(?:'|&#39;)s [\d.]+ \("
     assert re.search(said, verdict), verdict
-    assert "over 19 documents, cluster-robust; evaluation noise only, one seed each" in verdict
-    assert "differs in train.optimizer.lr; 98,304 tokens trained each" in verdict
+    said = r"over \d+ documents, cluster-robust; evaluation noise only, one seed each; differs"
+    assert re.search(said + r" in train\.optimizer\.lr; [\d,]+ tokens trained each\)", verdict)
 
 
 def test_the_fine_tuned_run_answers_with_the_vicuna_identity(built: Path) -> None:

@@ -136,8 +136,11 @@ def evaluate(
         "dataset": mixture.name,
         "value": sum(w * r["value"] for w, r in weighted),
         "tokens": sum(r["tokens"] for r in sources.values()),
-        # the sources' batches are scored apart: the weighted mean's standard error from theirs
-        "stderr": math.sqrt(sum((w * r["stderr"]) ** 2 for w, r in weighted)),
+        # the sources are scored apart: the weighted mean's standard error from theirs (none
+        # where a source's val text is one document, which gives no spread to measure)
+        "stderr": None
+        if any(r["stderr"] is None for _, r in weighted)
+        else math.sqrt(sum((w * r["stderr"]) ** 2 for w, r in weighted)),
         "sources": sources,
         "produced_by": produced_by(
             __name__,

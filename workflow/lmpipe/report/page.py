@@ -261,6 +261,22 @@ def cpu_trained(runs: list[Run]) -> list[str]:
     ]
 
 
+def headline_references(runs: list[Run]) -> list[Any]:
+    """The headline's references: those with a figure of its columns or a training budget."""
+    columns = headline_columns(runs)
+    return [r for r in REFERENCES if r.tokens or any(c.key in r.figures for c in columns)]
+
+
+def task_comparison(runs: list[Run], pairs: list[list[str]] | None) -> dict[str, Any] | None:
+    """The task table and its verdicts (lmpipe.report.comparison), with which task can tell
+    these runs apart (lmpipe.report.noise), said before its numbers."""
+    comparison = compare(runs, pairs)
+    if comparison is not None:
+        comparison["noise"] = task_noise(runs, comparison["rows"])
+        comparison["undecided"] = undecided_words(comparison["noise"])
+    return comparison
+
+
 def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | None = None) -> str:
     """The HTML of the report described by `params` (report_params JSON), from `layout`'s files,
     with `plan` (lmpipe.plan.report_plan) beside the measured figures."""
@@ -291,11 +307,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         "suite": suite_figure(runs),
     }
     settings = settings_table(runs)
-    comparison = compare(runs, params.get("compare"))
-    if comparison is not None:  # which task can tell these runs apart, before its numbers
-        comparison["noise"] = task_noise(runs, comparison["rows"])
-        comparison["undecided"] = undecided_words(comparison["noise"])
-    kinds = {}
+    kinds: dict[str, list[str]] = {}
     for r in runs:
         kinds.setdefault(r.kind, []).append(r.name)
     headlines = [headline(r, price[r.name]) for r in runs]
@@ -311,13 +323,8 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         plan=plan_rows(runs, headlines, plan or {}),
         restarts=restart_rows(runs),
         sources=source_rows(runs),
-        # the headline's references: those with a figure of its columns or a training budget
-        references=[
-            r
-            for r in REFERENCES
-            if r.tokens or any(c.key in r.figures for c in headline_columns(runs))
-        ],
-        comparison=comparison,
+        references=headline_references(runs),
+        comparison=task_comparison(runs, params.get("compare")),
         settings=settings,
         differing=[row["key"] for row in settings if row["differs"]],
         kind_differing=[row["key"] for row in settings if row["kind"]],
