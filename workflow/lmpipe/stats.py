@@ -87,6 +87,8 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 def family_wise_words(tests: int, level: float = LEVEL) -> str:
     """What Holm's adjustment keeps, in words, for a verdict line."""
+    if tests == 1:
+        return "one test of this pair: no adjustment for many tests needed"
     return (
         f"p Holm-adjusted over the {tests} tests of this pair: the chance that any of them is"
         f" called by chance alone is at most {1 - level:.0%}"
