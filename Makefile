@@ -46,7 +46,7 @@ FAST_WORKERS ?= 2
 test: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
-## unit tests only (under 2 minutes on 2 cores, on FAST_WORKERS workers)
+## unit tests only (about 3.5 minutes on 2 cores, on FAST_WORKERS workers)
 test-fast: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q -n $(FAST_WORKERS) -m "not slow and not slurm"
 
