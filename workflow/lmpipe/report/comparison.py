@@ -29,7 +29,7 @@ from typing import Any
 from lmpipe import stats
 from lmpipe.report.findings import at_equal_tokens, differing
 from lmpipe.report.references import REFERENCES, Reference
-from lmpipe.report.runs import Run, by_recipe
+from lmpipe.report.runs import Run, by_recipe, pairs
 
 LEVEL = 0.05  # significance level of the paired tests (95%)
 TASK_LABELS = {
@@ -112,11 +112,6 @@ def _mean_se(d: list[int]) -> tuple[float, float]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else 0.0
 
 
-def _z() -> float:
-    """The normal quantile of a two-sided interval at LEVEL (1.96 at 95%)."""
-    return stats.z(1 - LEVEL)
-
-
 def mcnemar(baseline: list[int], other: list[int]) -> Paired:
     """McNemar's exact test on two runs' 0/1 results of the same items, in the same order: of
     the items the two disagree on, is `other`'s share of the right answers different from one
@@ -159,7 +154,9 @@ def paired_mean_test(pairs: list[tuple[list[int], list[int]]]) -> Paired:
         p = 0.0 if mean else 1.0
     else:
         p = float(2 * norm.sf(abs(mean) / se))
-    return Paired(better, worse, p, mean, mean - _z() * se, mean + _z() * se)
+    return Paired(
+        better, worse, p, mean, mean - stats.z(1 - LEVEL) * se, mean + stats.z(1 - LEVEL) * se
+    )
 
 
 def by_id(per_item: dict[str, Any] | None, metric: str) -> dict[str, int] | None:
@@ -242,14 +239,6 @@ def task_references() -> list[Reference]:
     return [r for r in REFERENCES if keys & set(r.figures)]
 
 
-def pairs(names: list[str], compare: list[list[str]] | None) -> list[tuple[str, str]]:
-    """(baseline, other) of each comparison: the report's `compare` pairs, else each after the
-    first against the first."""
-    if compare:
-        return [(base, other) for base, other in compare if base in names and other in names]
-    return [(names[0], other) for other in names[1:]]
-
-
 def baselines(runs: list[Run], compare: list[list[str]] | None) -> list[int | None]:
     """Each run's baseline's position in `runs` (None: compared against none)."""
     names = [r.name for r in runs]
@@ -305,16 +294,17 @@ def compare(runs: list[Run], compare: list[list[str]] | None = None) -> dict[str
         lambada = Row("lambada", "LAMBADA (published only)", "acc", None, none, none)
         lambada.references = _reference_cells("lambada", None, refs)
         rows.append(lambada)
+    recipes = recipe_table(runs, rows, compare) if replicated else None
     return {
         "runs": [r.name for r in runs],
         "baseline": runs[0].name,
         "baselines": [None if b is None else runs[b].name for b in base_of],
         "rows": rows,
         "references": refs,
-        "verdicts": (
-            recipe_verdicts(runs, rows, compare) if replicated else verdicts(runs, rows, base_of)
-        ),
-        "recipes": recipe_table(runs, rows, compare) if replicated else None,
+        "verdicts": recipe_verdicts(runs, rows, recipes)
+        if recipes
+        else verdicts(runs, rows, base_of),
+        "recipes": recipes,
         "level": LEVEL,
     }
 
@@ -415,6 +405,12 @@ def gap_text(test: Paired) -> str:
     )
 
 
+def better_worse(base: str, better: list[str], worse: list[str]) -> list[str]:
+    """The start of a verdict line: the tasks a run is better on, then worse on."""
+    parts = [f"better than {base} on {', '.join(better)}"] if better else []
+    return parts + ([f"worse than {base} on {', '.join(worse)}"] if worse else [])
+
+
 def verdicts(runs: list[Run], rows: list[Row], base_of: list[int | None]) -> list[str]:
     """Each run against the baseline in words: better on what, worse on what, where the data
     cannot tell, where too few items disagree for any test to tell, and what was not tested or
@@ -445,11 +441,7 @@ def verdicts(runs: list[Run], rows: list[Row], base_of: list[int | None]) -> lis
         notes = [
             f"{row.label}: {row.notes[i]}" for row in rows if i < len(row.notes) and row.notes[i]
         ]
-        parts = []
-        if better:
-            parts.append(f"better than {base} on {', '.join(better)}")
-        if worse:
-            parts.append(f"worse than {base} on {', '.join(worse)}")
+        parts = better_worse(base, better, worse)
         if unclear:
             parts.append(
                 f"the data cannot tell it from {base} on {', '.join(unclear)}"
@@ -534,12 +526,9 @@ def _seed_values(row: Row, group: list[Run], index: dict[str, int]) -> list[floa
     return [s.value for s in scores if s is not None]
 
 
-def recipe_verdicts(
-    runs: list[Run], rows: list[Row], compare: list[list[str]] | None = None
-) -> list[str]:
-    """Each recipe against its baseline over their seeds, in words: better or worse where
-    Welch's Holm-adjusted p is below 5%, the seeds cannot tell elsewhere."""
-    table = recipe_table(runs, rows, compare)
+def recipe_verdicts(runs: list[Run], rows: list[Row], table: dict[str, Any]) -> list[str]:
+    """Each recipe against its baseline over their seeds (`table`: recipe_table's), in words:
+    better or worse where Welch's Holm-adjusted p is below 5%, the seeds cannot tell elsewhere."""
     groups = by_recipe(runs)
     out = []
     for j, name in enumerate(table["names"]):
@@ -565,11 +554,7 @@ def recipe_verdicts(
         tested = len(better) + len(worse) + len(unclear)
         if not tested and not alike:
             continue
-        parts = []
-        if better:
-            parts.append(f"better than {base} on {', '.join(better)}")
-        if worse:
-            parts.append(f"worse than {base} on {', '.join(worse)}")
+        parts = better_worse(base, better, worse)
         if unclear:
             parts.append(f"the seeds cannot tell it from {base} on {', '.join(unclear)}")
         if alike:

@@ -26,7 +26,7 @@ import statistics
 from typing import Any
 
 from lmpipe import stats
-from lmpipe.report.runs import Run, by_recipe, flatten, used_settings
+from lmpipe.report.runs import Run, by_recipe, flatten, pairs, used_settings
 from lmpipe.stats import LEVEL
 
 UNTRAINED_LOSS = math.log(50257)  # a uniform guess over GPT-2's vocabulary: 10.82
@@ -110,13 +110,9 @@ def val_loss_lines(runs: list[Run], compare: list[list[str]] | None = None) -> l
     names = list(groups)
     if len(names) < 2:
         return []
-    if compare:
-        pairs = [(a, b) for a, b in compare if a in groups and b in groups]
-    else:
-        pairs = [(names[0], name) for name in names[1:]]
     return [
         line
-        for base, name in pairs
+        for base, name in pairs(names, compare)
         for line in recipe_lines(name, groups[name], base, groups[base])
     ]
 
@@ -157,6 +153,16 @@ def mean(results: list[dict[str, Any]]) -> float:
     return statistics.fmean(x["value"] for x in results)
 
 
+def interval_word(low: float, high: float, base: str, scope: str, undecided: str) -> str:
+    """A loss difference's interval in a word: worse (all above zero), better (all below), or
+    `undecided` where it holds zero."""
+    if low > 0:
+        return f"worse than {base} {scope}"
+    if high < 0:
+        return f"better than {base} {scope}"
+    return f"{undecided} {base}"
+
+
 def over_seeds(
     name: str,
     mine: list[dict[str, Any]],
@@ -175,12 +181,8 @@ def over_seeds(
         f" {statistics.fmean(vb):.4f} (sd {statistics.stdev(vb):.4f} over {len(vb)} seeds)"
     )
     how = f"{diff:+.4f}, {LEVEL:.0%} Welch interval {low:+.4f} to {high:+.4f} over seeds"
-    if low > 0:
-        word = f"worse than {base} over {len(va)} and {len(vb)} seeds"
-    elif high < 0:
-        word = f"better than {base} over {len(va)} and {len(vb)} seeds"
-    else:
-        word = f"the seeds cannot tell it from {base}"
+    seeds = f"over {len(va)} and {len(vb)} seeds"
+    word = interval_word(low, high, base, seeds, "the seeds cannot tell it from")
     return f"{head} ({how}; {what}): {word}."
 
 
@@ -200,12 +202,8 @@ def over_documents(
         f"{diff:+.4f} a token, {LEVEL:.0%} interval {low:+.4f} to {high:+.4f} over {docs}"
         " documents, cluster-robust; evaluation noise only, one seed each"
     )
-    if low > 0:
-        word = f"worse than {base} on these documents, not yet a verdict on the recipes"
-    elif high < 0:
-        word = f"better than {base} on these documents, not yet a verdict on the recipes"
-    else:
-        word = f"the val documents cannot tell it from {base}"
+    scope = "on these documents, not yet a verdict on the recipes"
+    word = interval_word(low, high, base, scope, "the val documents cannot tell it from")
     return f"{head} ({how}; {what}): {word}."
 
 

@@ -236,6 +236,14 @@ def by_recipe(runs: list[Run]) -> dict[str, list[Run]]:
     return groups
 
 
+def pairs(names: list[str], compare: list[list[str]] | None) -> list[tuple[str, str]]:
+    """(baseline, other) of each comparison among `names`: the report's `compare` pairs whose
+    both runs are there, else each after the first against the first."""
+    if compare:
+        return [(base, other) for base, other in compare if base in names and other in names]
+    return [(names[0], other) for other in names[1:]]
+
+
 def _mean_sd(values: list[Any]) -> tuple[float, float] | None:
     values = [v for v in values if v is not None]
     if len(values) < 2:
