@@ -23,6 +23,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from lmpipe.config import TrainJob
+from lmpipe.data.loader import ValSet
 from lmpipe.train import checkpoint
 from lmpipe.train.checkpoint import Checkpointer, atomic_folder, save_final
 from lmpipe.train.loop import Task, trajectory_hash
@@ -346,7 +347,7 @@ def job(**train) -> TrainJob:
 
 
 def digest(j: TrainJob, shards: list[str], world_size: int) -> str:
-    task = Task(train=j.train, loader=None, val_batches=[], data_identity=shards)
+    task = Task(train=j.train, loader=None, val=ValSet([], [], 0), data_identity=shards)
     return trajectory_hash(j, task, world_size)
 
 

@@ -351,6 +351,7 @@ def test_the_compile_scope_and_mode_are_in_a_runs_params_and_hash_only_when_set(
     """At their defaults (regions, default) a compiled run's params and its trajectory's hash
     are what they were before the keys existed: it neither reruns nor restarts."""
     from lmpipe.config import TrainJob
+    from lmpipe.data.loader import ValSet
     from lmpipe.train.loop import Task, trajectory_hash
 
     config = schema.load_config(CONFIG)
@@ -364,7 +365,7 @@ def test_the_compile_scope_and_mode_are_in_a_runs_params_and_hash_only_when_set(
 
     def digest(params: dict) -> str:
         job = TrainJob.from_json(json.dumps(params))
-        return trajectory_hash(job, Task(job.train, None, [], "data"), 8)
+        return trajectory_hash(job, Task(job.train, None, ValSet([], [], 0), "data"), 8)
 
     before = copy.deepcopy(off)
     before["train"] |= {"compile_scope": "regions", "compile_mode": "default"}  # as filled in
@@ -410,6 +411,7 @@ def test_muons_momentum_warmup_is_in_a_runs_params_and_hash_only_when_on():
     """embedded-modern (Muon) trained before the warmup (and scalar_lr) existed: at their defaults
     its params and its trajectory's hash are what they were, so it neither reruns nor restarts."""
     from lmpipe.config import TrainJob
+    from lmpipe.data.loader import ValSet
     from lmpipe.train.loop import Task, trajectory_hash
 
     config = schema.load_config(CONFIG)
@@ -423,7 +425,7 @@ def test_muons_momentum_warmup_is_in_a_runs_params_and_hash_only_when_on():
 
     def digest(params: dict) -> str:
         job = TrainJob.from_json(json.dumps(params))
-        return trajectory_hash(job, Task(job.train, None, [], "data"), 2)
+        return trajectory_hash(job, Task(job.train, None, ValSet([], [], 0), "data"), 2)
 
     before = copy.deepcopy(off)
     for key in added:  # as the schema fills them in

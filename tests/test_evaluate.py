@@ -234,6 +234,37 @@ def test_val_loss_over_non_overlapping_sequences(hf_dir, tmp_path):
         val_loss(model, tmp_path / "t_val_000000.bin", val_tokens=100_000, batch=3)
 
 
+def test_validation_during_training_scores_as_the_val_loss_evaluation(hf_dir, tmp_path):
+    """One scoring of val loss: the loop's (each rank's share of the val text, its documents'
+    sums added over the ranks) gives the evaluation's per-document sums, whatever the split
+    into ranks and batches; and rows_per_forward keeps a forward's logits under its budget."""
+    from lmpipe.data.loader import DataShare, val_batches
+    from lmpipe.eval.val_loss import DocumentSums, rows_per_forward, token_losses
+
+    model = load_hf(hf_dir)
+    write_tokens(tmp_path)
+    shard = tmp_path / "t_val_000000.bin"
+    after = val_loss(model, shard, 1024, batch=3)  # 8 sequences of 128 in 3 forwards
+    for ranks, micro in ((1, 8), (2, 2), (4, 1)):
+        sums = DocumentSums(0, "cpu")
+        for r in range(ranks):
+            val = val_batches(shard, micro, 128, 1024, DataShare(r, ranks), EOT_ID)
+            mine = DocumentSums(val.documents, "cpu")
+            for (x, y), docs in zip(val.batches, val.docs, strict=True):
+                mine.add(token_losses(model, x, y), y, docs)
+            sums.loss = mine.loss if r == 0 else sums.loss + mine.loss  # the all-reduce's SUM
+            sums.tokens = mine.tokens if r == 0 else sums.tokens + mine.tokens
+        during = sums.scored()
+        assert during.doc_tokens == after.doc_tokens, ranks
+        assert during.doc_losses == pytest.approx(after.doc_losses, rel=1e-5), ranks
+        assert during.loss == pytest.approx(after.loss, rel=1e-6)
+    # GPT-2 124M's rows of 1,024 tokens: 5 rows (1 GB of fp32 logits) of a micro-batch of 64
+    # would fit, and 4 is the largest divisor of 64 that does; 1 where even one row is over
+    assert rows_per_forward(64, 1024, 50257) == 4
+    assert rows_per_forward(8, 64, 50257) == 8
+    assert rows_per_forward(3, 1024, 2**20) == 1
+
+
 def test_samples_deterministic(hf_dir):
     model = load_hf(hf_dir)
     a = sample_completions(model, ENC, max_new_tokens=8, top_k=5, seed=3, prompts=("Hello",))

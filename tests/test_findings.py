@@ -79,30 +79,63 @@ def test_val_loss_lines_say_worse_better_or_cannot_tell_and_for_what():
     assert "the same settings; tokens trained unknown" in lines[0]
 
 
-def test_a_line_names_the_settings_that_differ_and_unequal_tokens():
-    """A 96-step run against a 24-step one: said to be at unequal tokens, with the training
-    curves' val loss at the most tokens both reached."""
-    base = scores(8.7, seed=1)
-    a = run("a", base, settings={"model": {"n_layer": 3}, "train": {"max_steps": 24, "seed": 1}})
-    b = run(
-        "b",
-        shifted(base, -0.5, 1),
-        settings={"model": {"n_layer": 4}, "train": {"max_steps": 96, "seed": 2}},
-    )
+def curve_row(step: int, tokens: int, result: dict) -> dict:
+    """A metrics.jsonl validation line holding `result`'s per-document sums."""
+    documents = {"losses": result["doc_losses"], "tokens": result["doc_tokens"]}
+    return {"step": step, "tokens": tokens, "val_loss": result["value"], "val_documents": documents}
+
+
+def unequal(a_final: dict, b_final: dict, a_24: dict, b_24: dict) -> tuple[Run, Run]:
+    """a trained 24 steps (98,304 tokens), b 96 (393,216); both validated at step 24."""
+    a = run("a", a_final, settings={"model": {"n_layer": 3}, "train": {"max_steps": 24, "seed": 1}})
+    b = run("b", b_final, settings={"model": {"n_layer": 4}, "train": {"max_steps": 96, "seed": 2}})
     a.meta, b.meta = {"tokens": 98_304}, {"tokens": 393_216}
-    a.val = [{"step": 24, "tokens": 98_304, "val_loss": 8.7}]
-    b.val = [
-        {"step": 24, "tokens": 98_304, "val_loss": 8.9},
-        {"step": 96, "tokens": 393_216, "val_loss": 8.2},
-    ]
+    a.val = [curve_row(24, 98_304, a_24)]
+    b.val = [curve_row(24, 98_304, b_24), curve_row(96, 393_216, b_final)]
+    return a, b
+
+
+def test_unequal_tokens_are_compared_where_both_reached_never_on_the_final_evaluations():
+    """A 96-step run against a 24-step one: compared on their validations during training at
+    98,304 tokens (per-document, cluster-robust), where b is worse; its final evaluation, after
+    4x the tokens, is far better, and is shown but not compared."""
+    base = scores(8.7, seed=1)
+    a, b = unequal(base, shifted(base, -2.0, 3), base, shifted(base, 0.4, 2))
     (line,) = findings([a, b])
-    assert (
-        "differs in model.n_layer, train.max_steps;" in line
-    )  # train.seed is a replica's, not a recipe's
-    assert (
-        "trained 393,216 tokens against 98,304: at unequal tokens; at 98,304 tokens, the most"
-        " both reached, the training's val loss is 8.9000 against 8.7000" in line
-    )
+    at_24 = b.val[0]["val_loss"]
+    assert line.startswith(
+        f"b: val loss during training at 98,304 tokens, the most both reached, {at_24:.4f}"
+        f" against a's {base['value']:.4f}"
+    ), line
+    assert "differs in model.n_layer, train.max_steps;" in line  # train.seed: a replica's
+    assert "trained 393,216 tokens against 98,304; their final val losses" in line
+    assert "are at unequal tokens and not compared" in line
+    assert "over 19 documents, cluster-robust" in line
+    assert line.endswith("worse than a on these documents, not yet a verdict on the recipes.")
+    # over seeds: Welch's interval of the replicas' validations at the common point
+    ra = [unequal(scores(8.7, s), scores(8.0, s), scores(8.7 + 0.01 * s, s), scores(9, s))[0]
+          for s in range(3)]  # fmt: skip
+    rb = [unequal(scores(8.7, s), scores(8.0, s), scores(8.7, s), scores(9.1 + 0.01 * s, s))[1]
+          for s in range(3)]  # fmt: skip
+    for i, r in enumerate(ra + rb):
+        r.name = f"{r.name}/seed={i % 3}"
+    (line,) = findings(ra + rb)
+    assert line.startswith("b: val loss during training at 98,304 tokens"), line
+    assert "Welch interval" in line and line.endswith("worse than a over 3 and 3 seeds.")
+
+
+def test_unequal_tokens_without_a_common_point_or_documents_get_no_word():
+    base = scores(8.7, seed=1)
+    a, b = unequal(base, shifted(base, -2.0, 3), base, shifted(base, 0.4, 2))
+    b.val = b.val[1:]  # b validated at 393,216 tokens only
+    (line,) = findings([a, b])
+    assert "share no token count: not compared" in line
+    assert not any(w in line for w in ("better", "worse", "cannot tell")), line
+    a, b = unequal(base, shifted(base, -2.0, 3), base, shifted(base, 0.4, 2))
+    for r in (a, b):  # a run trained before validations kept their documents
+        r.val = [{k: v for k, v in row.items() if k != "val_documents"} for row in r.val]
+    (line,) = findings([a, b])
+    assert "no interval (a result written without per-document losses" in line
 
 
 def test_without_per_document_losses_or_on_other_documents_no_interval_is_claimed():

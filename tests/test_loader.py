@@ -17,6 +17,8 @@ import torch
 from lmpipe.data.loader import DataShare, ShardLoader, shard_files, val_batches
 from lmpipe.data.shards import write_shard
 
+EOT = 50256  # none of these shards' tokens: one document
+
 
 def shard(path, s: int, n: int):
     write_shard(path, 1000 * s + np.arange(n, dtype=np.uint16))
@@ -100,7 +102,7 @@ def test_val_batches_are_this_ranks_share_of_the_first_val_tokens(tmp_path, n, v
     file = shard(tmp_path / "val.bin", 0, n)
     seen = []
     for r in range(2):
-        batches = val_batches(file, 2, 4, val_tokens, dp=DataShare(r, 2))
+        batches = val_batches(file, 2, 4, val_tokens, DataShare(r, 2), EOT).batches
         assert len(batches) == steps
         for i, (x, y) in enumerate(batches):
             ex, ey = expected((2 * i + r) * 8, 2, 4)
@@ -110,11 +112,30 @@ def test_val_batches_are_this_ranks_share_of_the_first_val_tokens(tmp_path, n, v
     assert sorted(seen) == list(range(16 * steps))
 
 
+def test_every_val_target_is_in_the_document_of_the_token_it_follows(tmp_path):
+    """Documents open at end-of-text and are numbered over all ranks' text: rank r's doc ids
+    of batch i are those of slice (i * W + r); text before the first end-of-text is document 0;
+    predicting a document's closing end-of-text is that document's."""
+    tokens = np.arange(40, dtype=np.uint16) % 7  # 0 is end-of-text: at 0, 7, 14, 21, 28, 35
+    tokens[:3] = [5, 5, 0]  # 2 tokens of text before the first end-of-text
+    file = tmp_path / "val.bin"
+    write_shard(file, tokens)
+    # by hand: the target after input k is in the document of input k
+    opened = [k for k in range(32) if tokens[k] == 0]
+    want = torch.tensor([sum(o <= k for o in opened) for k in range(32)])
+    for r in range(2):
+        val = val_batches(file, 2, 4, 32, DataShare(r, 2), eot=0)
+        assert val.documents == len(opened) + 1
+        for i, docs in enumerate(val.docs):
+            start = (2 * i + r) * 8
+            assert torch.equal(docs, want[start : start + 8].view(2, 4)), (r, i)
+
+
 def test_a_val_shard_shorter_than_one_batch_is_named(tmp_path):
     """Fewer than B * T * W + 1 tokens: no batch at all, an error naming the file."""
     file = shard(tmp_path / "val.bin", 0, 16)
     with pytest.raises(ValueError, match="val.bin.*one validation batch of 16"):
-        val_batches(file, 2, 4, 10_000, DataShare(0, 2))
+        val_batches(file, 2, 4, 10_000, DataShare(0, 2), EOT)
 
 
 def test_uint32_shards_read_through_the_loader_and_the_val_batches(tmp_path):
@@ -130,5 +151,5 @@ def test_uint32_shards_read_through_the_loader_and_the_val_batches(tmp_path):
         x, y = ld.next_batch()
         ex, ey = expected(base + 8 * step, 2, 4)
         assert torch.equal(x, ex) and torch.equal(y, ey)
-    (x, y), *_ = val_batches(files[0], 2, 4, 16, DataShare(0, 1))
+    (x, y), *_ = val_batches(files[0], 2, 4, 16, DataShare(0, 1), EOT).batches
     assert torch.equal(x, expected(base, 2, 4)[0])

@@ -145,9 +145,13 @@ def test_a_shard_too_small_for_a_sources_step_is_named(tmp_path):
 def test_the_val_batches_split_the_tokens_by_weight(tmp_path):
     """val_tokens 64 at 8 tokens a batch: 6 of a's (0.75, rounded) and 2 of b's."""
     mix = mixture(tmp_path, {"a": 0.75, "b": 0.25}, {"a": [400], "b": [400]})
-    batches = mixture_val_batches(mix, 2, 4, 64, DataShare(0, 1))
+    val = mixture_val_batches(mix, 2, 4, 64, DataShare(0, 1))
+    batches = val.batches
     assert [int(x[0, 0]) // 10000 for x, _ in batches] == [1] * 6 + [2] * 2
     assert int(batches[6][0][0, 0]) == 20900  # b's val shard, from its start
+    # no end-of-text in either: one document a source, b's numbered after a's
+    assert val.documents == 2
+    assert [set(d.flatten().tolist()) for d in val.docs] == [{0}] * 6 + [{1}] * 2
 
 
 def test_the_manifest_normalises_the_weights_and_names_a_missing_source(tmp_path):

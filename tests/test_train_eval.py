@@ -24,6 +24,7 @@ from test_train import MODEL, command, config, load_final, losses, manifest, met
 
 from conftest import CONFIG_FILE, RESOURCES, kill_at_checkpoint, run_ranks_or_fail
 from lmpipe.config import ConfigError, TrainJob
+from lmpipe.data.loader import ValSet
 from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval.hellaswag import NUM_ENDINGS as ENDINGS
 from lmpipe.eval.hellaswag import load_items as load_hellaswag
@@ -88,7 +89,7 @@ def test_eval_settings_never_change_the_trajectory_hash():
         evals = {"hellaswag": hellaswag_settings(every, items)} if every else {}
         job = TrainJob.from_json(json.dumps(with_evals(config(2), **evals)))
         assert job.during_training == evals
-        task = Task(train=job.train, loader=None, val_batches=[], data_identity=["x"])
+        task = Task(train=job.train, loader=None, val=ValSet([], [], 0), data_identity=["x"])
         hashes.add(trajectory_hash(job, task, 2))
     assert len(hashes) == 1
 

@@ -145,7 +145,7 @@ def fine_tuning(
     return Task(
         train=tc,
         loader=loader,
-        val_batches=val,
+        val=val,
         data_identity=identity,
         init=lambda model: load_base(model, init),
         sparse_targets=True,  # conversations: ~3/4 of the targets are prompts and padding

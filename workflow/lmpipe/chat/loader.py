@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lmpipe.data.loader import DataShare, share_of
+from lmpipe.data.loader import DataShare, ValSet, share_of
 from lmpipe.files import read_json
 
 
@@ -157,18 +157,17 @@ def conversation_val_batches(
     micro_batch: int,
     val_tokens: int,
     dp: dist.ProcessGroup | DataShare,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+) -> ValSet:
     """This rank's share (of the data-parallel group `dp`) of the first `val_tokens / seq_len`
-    held-out rows, in batches."""
+    held-out rows, in batches; each row (a conversation) is a document of its own."""
     rank, world_size = share_of(dp)
     n = min(len(inputs), max(1, val_tokens // inputs.shape[1])) // world_size * world_size
     if n == 0:
         raise ValueError(f"{len(inputs)} held-out conversations, fewer than {world_size} ranks")
     mine = np.arange(rank, n, world_size)
-    return [
-        (
-            torch.from_numpy(inputs[rows].astype(np.int64)),
-            torch.from_numpy(targets[rows].astype(np.int64)),
-        )
-        for rows in np.array_split(mine, -(-len(mine) // micro_batch))
-    ]
+    batches, docs = [], []
+    for rows in np.array_split(mine, -(-len(mine) // micro_batch)):
+        x = torch.from_numpy(inputs[rows].astype(np.int64))
+        batches.append((x, torch.from_numpy(targets[rows].astype(np.int64))))
+        docs.append(torch.from_numpy(rows.astype(np.int64))[:, None].expand_as(x))
+    return ValSet(batches, docs, n)

@@ -14,6 +14,7 @@ ranks that differ only in it read the same batches.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -110,11 +111,43 @@ class ShardLoader:
         self._tokens = self._load(self.shard)
 
 
+@dataclass
+class ValSet:
+    """This rank's share of the val text: its batches and, for every target, the document it
+    belongs to. Documents are numbered over all ranks' text, so that each rank's per-document
+    sums add up, over the group, to the text's (lmpipe.eval.val_loss.Validation)."""
+
+    batches: list[Batch]
+    docs: list[torch.Tensor]  # (B, T) each, beside each batch's targets
+    documents: int  # over all ranks
+
+    def __add__(self, other: ValSet) -> ValSet:
+        """Two texts scored together (a mixture's sources): the second's documents after the
+        first's."""
+        shifted = [d + self.documents for d in other.docs]
+        return ValSet(
+            self.batches + other.batches, self.docs + shifted, self.documents + other.documents
+        )
+
+
+def documents_of(tokens: torch.Tensor, eot: int) -> torch.Tensor:
+    """The document of each target of a token stream (target i follows input token i): a
+    document starts at its end-of-text token, so predicting a document's closing end-of-text is
+    that document's; text before the first end-of-text is document 0."""
+    doc_of = torch.cumsum(tokens[:-1] == eot, 0)
+    return doc_of - doc_of[0]
+
+
 def val_batches(
-    file: Path, micro_batch: int, seq_len: int, val_tokens: int, dp: dist.ProcessGroup | DataShare
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    file: Path,
+    micro_batch: int,
+    seq_len: int,
+    val_tokens: int,
+    dp: dist.ProcessGroup | DataShare,
+    eot: int,
+) -> ValSet:
     """This rank's share (of the data-parallel group `dp`) of the first `val_tokens` tokens of
-    the validation shard."""
+    the validation shard, in whole steps of every rank's micro-batch; `eot` opens a document."""
     rank, world_size = share_of(dp)
     tokens = read_shard(file)
     B, T = micro_batch, seq_len
@@ -124,9 +157,12 @@ def val_batches(
         raise ValueError(
             f"{file}: {len(tokens)} tokens, fewer than one validation batch of {per_step} + 1"
         )
-    batches = []
+    scored = torch.from_numpy(tokens[: steps * per_step + 1].astype(np.int64))
+    doc_of = documents_of(scored, eot)
+    batches, docs = [], []
     for i in range(steps):
         start = (i * world_size + rank) * B * T
-        buf = torch.from_numpy(tokens[start : start + B * T + 1].astype(np.int64))
+        buf = scored[start : start + B * T + 1]
         batches.append((buf[:-1].view(B, T), buf[1:].view(B, T)))
-    return batches
+        docs.append(doc_of[start : start + B * T].view(B, T))
+    return ValSet(batches, docs, int(doc_of[-1]) + 1)

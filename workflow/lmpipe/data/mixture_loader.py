@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lmpipe.data.loader import Batch, DataShare, share_of, val_batches
+from lmpipe.data.loader import Batch, DataShare, ValSet, share_of, val_batches
 from lmpipe.data.mixture import Mixture, draw_rows
 from lmpipe.data.shards import read_header, read_shard
 
@@ -133,12 +133,13 @@ def mixture_val_batches(
     seq_len: int,
     val_tokens: int,
     dp: dist.ProcessGroup | DataShare,
-) -> list[Batch]:
+) -> ValSet:
     """This rank's share of each source's val shard, `val_tokens` split by the weights (at
     least one batch a source): the mean over them is the mixture's val loss."""
     per_batch = micro_batch * seq_len * share_of(dp).size
-    batches: list[Batch] = []
+    val = ValSet([], [], 0)
     for s in mixture.sources:
         tokens = max(per_batch, round(val_tokens * s.weight / per_batch) * per_batch)
-        batches += val_batches(s.tokens.files("val")[0], micro_batch, seq_len, tokens, dp)
-    return batches
+        file = s.tokens.files("val")[0]
+        val += val_batches(file, micro_batch, seq_len, tokens, dp, s.tokens.eot)
+    return val

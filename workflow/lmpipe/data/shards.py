@@ -25,6 +25,8 @@ import numpy as np
 
 from lmpipe.files import atomic_file, read_json
 
+GPT2_EOT = 50256  # <|endoftext|>: a tokens manifest without "eot" is in GPT-2's tokens
+
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 
@@ -151,6 +153,7 @@ class ManifestShard:
 class TokensManifest:
     path: Path
     shards: list[ManifestShard]
+    eot: int = GPT2_EOT  # the end-of-text id that opens each document (absent: GPT-2's)
 
     def files(self, split: str) -> list[Path]:
         """The shard files of `split` ('train' or 'val'), in order; none is an error."""
@@ -179,4 +182,4 @@ def read_manifest(path: str | Path) -> TokensManifest:
             f"{path}: not a tokens manifest (`shards`, each with `file` and `split`;"
             f" {type(e).__name__}: {e})"
         ) from None
-    return TokensManifest(path, shards)
+    return TokensManifest(path, shards, data.get("eot", GPT2_EOT))

@@ -2,8 +2,10 @@
 
 - Each pretraining recipe's FineWeb val loss against the first's (lmpipe.replicas: the seeds of
   a run are one recipe). Each line names what the two differ in (their settings, a replica's
-  seed aside) and the tokens each trained; where those differ it says so, with the training
-  curves' val loss at the most tokens both reached. Replicated recipes are compared over their
+  seed aside) and the tokens each trained. Recipes that trained unequal tokens are compared
+  where they were equal: on their validations during training at the most tokens both reached
+  (each with its per-document sums, scored as the val_loss evaluation scores), never on their
+  final evaluations. Replicated recipes are compared over their
   seeds (Welch's interval of the seeds' val losses: the training's noise, seed and data order,
   and the evaluation's). Two single runs are compared on the documents both scored (an interval
   over documents, cluster-robust: lmpipe.stats), which measures which val text was scored and
@@ -80,26 +82,54 @@ def differing(a: Run, b: Run, most: int = 6) -> str:
     return f"differs in {shown}"
 
 
-def at_equal_tokens(mine: list[Run], theirs: list[Run]) -> str:
-    """Tokens trained, and where they differ, the training curves' val loss at the largest
-    token count both recipes' curves reach (their first replicas'), so that no gap is read off
-    unequal budgets unsaid."""
-    a, b = tokens_trained(mine[0]), tokens_trained(theirs[0])
-    if a is None or b is None:
-        return "tokens trained unknown"
-    if a == b:
-        return f"{a:,} tokens trained each"
-    words = f"trained {a:,} tokens against {b:,}: at unequal tokens"
-    curve_a = {row["tokens"]: row["val_loss"] for row in mine[0].val if "tokens" in row}
-    curve_b = {row["tokens"]: row["val_loss"] for row in theirs[0].val if "tokens" in row}
-    both = [t for t in curve_a if t in curve_b and t > 0]
-    if both:
-        t = max(both)
-        words += (
-            f"; at {t:,} tokens, the most both reached, the training's val loss is"
-            f" {curve_a[t]:.4f} against {curve_b[t]:.4f}"
+def curve_point(run: Run, tokens: int) -> dict[str, Any] | None:
+    """A run's validation during training at `tokens` trained, as a val_loss result (its
+    per-document sums where the line has them), or None where it validated not there."""
+    row = next((r for r in run.val if r.get("tokens") == tokens), None)
+    if row is None:
+        return None
+    docs = row.get("val_documents")
+    if not docs:
+        return {"value": row["val_loss"]}
+    losses, counts = docs["losses"], docs["tokens"]
+    return {"value": row["val_loss"], "tokens": sum(counts), "doc_losses": losses,
+            "doc_tokens": counts}  # fmt: skip
+
+
+def at_equal_tokens(
+    name: str, mine: list[Run], base: str, theirs: list[Run], a: int, b: int
+) -> str:
+    """Two recipes that trained unequal tokens, compared where they are equal: on their
+    validations during training at the most tokens every replica of both reached (the same
+    scoring as the val_loss evaluation: lmpipe.eval.val_loss.score). Their final evaluations
+    are shown, never compared."""
+    finals = [r.evals.get("val_loss", {}).get("value") for r in (mine[0], theirs[0])]
+    final = (
+        f"; their final val losses, {finals[0]:.4f} against {finals[1]:.4f}, are at unequal"
+        " tokens and not compared"
+        if None not in finals
+        else ""
+    )
+    what = f"{differing(mine[0], theirs[0])}; trained {a:,} tokens against {b:,}{final}"
+    reached = [{row["tokens"] for row in r.val if "tokens" in row} for r in mine + theirs]
+    both = [t for t in set.intersection(*reached) if t > 0]
+    if not both:
+        return (
+            f"{name}: trained {a:,} tokens against {base}'s {b:,}, and their validations during"
+            f" training share no token count: not compared ({what})."
         )
-    return words
+    t = max(both)
+    sa = [curve_point(r, t) for r in mine]
+    sb = [curve_point(r, t) for r in theirs]
+    on = f"val loss during training at {t:,} tokens, the most both reached,"
+    if len(sa) > 1 and len(sb) > 1:
+        return over_seeds(name, sa, base, sb, on, what)
+    if len(sa) == 1 and len(sb) == 1:
+        return over_documents(name, sa[0], base, sb[0], on, what)
+    return (
+        f"{name}: {on} {mean(sa):.4f} ({len(sa)} seed(s)) against {base}'s {mean(sb):.4f}"
+        f" ({len(sb)} seed(s)): no interval; a comparison over seeds needs two a side ({what})."
+    )
 
 
 def val_loss_lines(runs: list[Run], compare: list[list[str]] | None = None) -> list[str]:
@@ -118,11 +148,19 @@ def val_loss_lines(runs: list[Run], compare: list[list[str]] | None = None) -> l
 
 
 def recipe_lines(name: str, mine: list[Run], base: str, theirs: list[Run]) -> list[str]:
+    """A recipe's val loss lines against its baseline's: on their final evaluations where both
+    trained as many tokens, else at the most tokens both reached (at_equal_tokens)."""
     a = [r.evals["val_loss"] for r in mine if r.evals.get("val_loss")]
     b = [r.evals["val_loss"] for r in theirs if r.evals.get("val_loss")]
     if not a or not b:
         return []
-    what = f"{differing(mine[0], theirs[0])}; {at_equal_tokens(mine, theirs)}"
+    ta, tb = tokens_trained(mine[0]), tokens_trained(theirs[0])
+    if ta is not None and tb is not None and ta != tb:
+        return [at_equal_tokens(name, mine, base, theirs, ta, tb)]
+    trained = (
+        "tokens trained unknown" if ta is None or tb is None else f"{ta:,} tokens trained each"
+    )
+    what = f"{differing(mine[0], theirs[0])}; {trained}"
     views_a, views_b = [val_views(x) for x in a], [val_views(x) for x in b]
     common = [d for d in views_a[0] if all(d in v for v in views_a + views_b)]
     if not common:

@@ -48,8 +48,9 @@ from lmpipe.config import (
     settings_hash,
     without_added_keys,
 )
-from lmpipe.data.loader import Batch, Loader
+from lmpipe.data.loader import Loader, ValSet
 from lmpipe.data.prefetch import Prefetcher
+from lmpipe.eval import val_loss
 from lmpipe.failures import EXIT_STOPPED, stop_line
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops, keep_freed_memory
 from lmpipe.job_params import PREFIX
@@ -88,7 +89,7 @@ class Task:
 
     train: TrainConfig  # the run's settings, max_steps and schedule resolved
     loader: Loader
-    val_batches: list[Batch]  # this rank's share of the validation data
+    val: ValSet  # this rank's share of the validation data, with each target's document
     data_identity: Any  # what the data adds to the settings hash (e.g. the shards' sha256)
     # copies the starting weights into the freshly built, unsharded model and returns their
     # identity (hashed too, so another base's checkpoints are never resumed); None: random init
@@ -165,20 +166,6 @@ def check_compiler(job: TrainJob) -> None:
             " clang): Triton needs one to build its kernels' launcher. Load one (e.g. `module"
             " load gcc`, or envs/train.yaml's gcc under --use-conda) or set compile: false."
         )
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module, batches: list[Batch], device: torch.device, group: dist.ProcessGroup
-) -> float:
-    """Mean validation loss over this rank's batches, averaged over the data-parallel ranks."""
-    total = torch.zeros((), device=device)
-    for x, y in batches:
-        torch.compiler.cudagraph_mark_step_begin()  # (CUDA graphs: a new replay; else a no-op)
-        _, loss = model(x.to(device), y.to(device))
-        total += loss
-    dist.all_reduce(total, group=group)  # SUM (gloo has no AVG)
-    return total.item() / (len(batches) * dist.get_world_size(group))  # host sync
 
 
 def check_attention(job: TrainJob) -> None:
@@ -418,10 +405,13 @@ class Trainer:
             self.model.progress = self.progress.step / max(self.tc.max_steps, 1)
 
     def validate(self) -> None:
+        """The val loss (lmpipe.eval.val_loss.score, the evaluation's own scoring), with each
+        document's summed loss and tokens: the report compares runs at equal tokens on them."""
         self.set_progress()
-        val_loss = evaluate(self.model, self.task.val_batches, self.d.device, self.d.group)
-        self.write({"val_loss": val_loss})
-        self.say(f"val loss {val_loss:.4f}")
+        s = val_loss.score(self.model, self.task.val, self.d.device, self.d.group)
+        documents = {"losses": [round(x, 6) for x in s.doc_losses], "tokens": s.doc_tokens}
+        self.write({"val_loss": s.loss, "val_documents": documents})
+        self.say(f"val loss {s.loss:.4f}")
 
     def evaluate(self) -> None:
         """The evaluators due at this step, each a metrics line; their cost printed as a share

@@ -37,9 +37,7 @@ def pretraining(
         return Task(
             train=tc,
             loader=MixtureLoader(mixture, tc.micro_batch, tc.seq_len, tc.batch_tokens, d.group),
-            val_batches=mixture_val_batches(
-                mixture, tc.micro_batch, tc.seq_len, tc.val_tokens, d.group
-            ),
+            val=mixture_val_batches(mixture, tc.micro_batch, tc.seq_len, tc.val_tokens, d.group),
             data_identity=mixture.identity(),
         )
     shards = read_manifest(manifest)
@@ -47,8 +45,9 @@ def pretraining(
     loader = ShardLoader(
         shards.files("train"), tc.micro_batch, tc.seq_len, tc.batch_tokens, d.group
     )
-    val = val_batches(shards.files("val")[0], tc.micro_batch, tc.seq_len, tc.val_tokens, d.group)
-    return Task(train=tc, loader=loader, val_batches=val, data_identity=shards.identity())
+    val_file = shards.files("val")[0]
+    val = val_batches(val_file, tc.micro_batch, tc.seq_len, tc.val_tokens, d.group, shards.eot)
+    return Task(train=tc, loader=loader, val=val, data_identity=shards.identity())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,13 +48,17 @@ def check_installed(run: str) -> None:
         )
 
 
+# a record's keys that are not figures to plot: its place, and the val loss's per-document sums
+NOT_SCALARS = ("step", "tokens", "val_documents")
+
+
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """A metrics.jsonl record's figures under their logged names (TensorBoard and W&B)."""
     # an evaluation's line (it has eval_s): eval/hellaswag, eval/suite/arc_easy, eval/eval_s
     group = "eval" if "eval_s" in record else None
     out = {}
     for key, value in record.items():
-        if key not in ("step", "tokens") and value is not None:
+        if key not in NOT_SCALARS and value is not None:
             prefix = group or ("val" if key == "val_loss" else "train")
             if isinstance(value, dict):  # a mixture's figures by source: train/tokens_by_source/a
                 out |= {f"{prefix}/{key}/{k}": v for k, v in value.items()}
