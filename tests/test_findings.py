@@ -204,9 +204,14 @@ def test_a_fine_tuned_run_above_an_untrained_models_loss_is_flagged():
     (line,) = findings([base, chat])
     assert line == (
         "a-chat lost its pretraining: its FineWeb val loss 15.91 is above an untrained model's"
-        " (10.82, a uniform guess over the vocabulary); its base a had 8.69."
+        " (10.82, a uniform guess over its 50,257 tokens); its base a had 8.69."
     )
     assert findings([base, run("a-chat", 9.5, sft=True)]) == []
+    # a model of its own 2,000-token vocabulary: ln 2,000 = 7.60 is its uniform guess
+    small = run("b-chat", 7.9, sft=True, settings={"model": {"arch": "hf"}})
+    small.meta = {"model": {"arch": "hf", "vocab_size": 2000}}
+    (line,) = findings([base, small])
+    assert "above an untrained model's (7.60, a uniform guess over its 2,000 tokens)" in line
 
 
 def test_chat_replies_that_repeat_across_prompts_are_flagged():

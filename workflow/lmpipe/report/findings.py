@@ -12,9 +12,9 @@
   never the training's noise, and the line says so: one seed each, not yet a verdict on the
   recipes. A mixture's runs are compared on each val shard both were scored on (its sources'),
   never across different data.
-- A fine-tuned run whose FineWeb val loss is above an untrained model's: ln(50,257), the loss of
-  a uniform guess over GPT-2's vocabulary (a fresh model's is about that: 10.84 at step 0 of the
-  demo).
+- A fine-tuned run whose FineWeb val loss is above an untrained model's: ln V, the loss of a
+  uniform guess over its own vocabulary of V tokens (GPT-2's 50,257: 10.82; a fresh model's is
+  about that, 10.84 at step 0 of the demo).
 - Chat replies that repeat across different prompts.
 - Attempts that resumed past an unusable checkpoint, and the steps that cost.
 - A model that ran code shipped in its folder (`arch: hf` with `trust_remote_code: true`).
@@ -31,7 +31,21 @@ from lmpipe import stats
 from lmpipe.report.runs import Run, by_recipe, flatten, pairs, used_settings
 from lmpipe.stats import LEVEL
 
-UNTRAINED_LOSS = math.log(50257)  # a uniform guess over GPT-2's vocabulary: 10.82
+GPT2_VOCAB = 50257  # a run whose model's vocabulary is not on record is in GPT-2's tokens
+
+
+def vocabulary(run: Run) -> int:
+    """The tokens a run's model predicts over: its final checkpoint's model (an `arch: hf`
+    model's is its own config.json's), else its settings', else GPT-2's."""
+    for model in ((run.meta or {}).get("model"), run.settings.get("model")):
+        if isinstance(model, dict) and model.get("vocab_size"):
+            return int(model["vocab_size"])
+    return GPT2_VOCAB
+
+
+def untrained_loss(run: Run) -> float:
+    """ln V: the loss of a uniform guess over the run's own vocabulary."""
+    return math.log(vocabulary(run))
 
 
 def val_views(result: dict[str, Any]) -> dict[str | None, dict[str, Any]]:
@@ -259,9 +273,11 @@ def unpaired(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
 
 
 def lost_pretraining(run: Run, runs: list[Run]) -> str | None:
-    """A fine-tuned run whose FineWeb val loss is above an untrained model's."""
+    """A fine-tuned run whose FineWeb val loss is above an untrained model's (of its own
+    vocabulary)."""
     loss = run.evals.get("val_loss", {}).get("value")
-    if not run.fine_tuned or loss is None or loss <= UNTRAINED_LOSS:
+    uniform = untrained_loss(run)
+    if not run.fine_tuned or loss is None or loss <= uniform:
         return None
     base_name = (run.settings.get("base") or {}).get("run")
     base = next((r for r in runs if r.name == base_name), None)
@@ -269,7 +285,7 @@ def lost_pretraining(run: Run, runs: list[Run]) -> str | None:
     was = f"; its base {base_name} had {base_loss:.2f}" if base_loss is not None else ""
     return (
         f"{run.name} lost its pretraining: its FineWeb val loss {loss:.2f} is above an untrained"
-        f" model's ({UNTRAINED_LOSS:.2f}, a uniform guess over the vocabulary){was}."
+        f" model's ({uniform:.2f}, a uniform guess over its {vocabulary(run):,} tokens){was}."
     )
 
 
