@@ -131,6 +131,16 @@ def test_bad_folders_are_one_line_naming_the_file(hf_dirs, tmp_path):
     msg = check_error({"path": str(small)})
     top = len(json.loads((small / "tokenizer.json").read_text())["model"]["vocab"]) - 1
     assert f"{small}/tokenizer.json: token id {top} does not fit the model's vocab_size 300" in msg
+    # the same tokenizer in the byte-level BPE's other layout, vocab.json + merges.txt
+    legacy = variant("legacy")
+    (legacy / "config.json").write_text(json.dumps(cfg | {"vocab_size": 300}))
+    bpe = json.loads((legacy / "tokenizer.json").read_text())["model"]
+    (legacy / "vocab.json").write_text(json.dumps(bpe["vocab"]))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in bpe["merges"]]
+    (legacy / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    (legacy / "tokenizer.json").unlink()
+    msg = check_error({"path": str(legacy)})
+    assert f"{legacy}/vocab.json: token id {top} does not fit the model's vocab_size 300" in msg
     assert "n_layer 3 is not the model's 2" in check_error({"path": str(hf_dirs["llama"]),
                                                             "n_layer": 3})  # fmt: skip
 

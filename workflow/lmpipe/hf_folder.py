@@ -92,25 +92,44 @@ def check_folder(folder: Path, trust_remote_code: bool = False) -> dict[str, Any
             else "no weights"
         )
         raise ValueError(f"{folder / 'model.safetensors'}: missing ({problem})")
-    top = tokenizer_top_id(folder)
-    if top is not None and top >= cfg["vocab_size"]:
+    found = tokenizer_top_id(folder)
+    if found is not None and found[1] >= cfg["vocab_size"]:
+        file, top = found
         raise ValueError(
-            f"{folder / 'tokenizer.json'}: token id {top} does not fit the model's vocab_size"
-            f" {cfg['vocab_size']} (config.json): the tokenizer is not the model's"
+            f"{file}: token id {top} does not fit the model's vocab_size {cfg['vocab_size']}"
+            " (config.json): the tokenizer is not the model's"
         )
     return cfg
 
 
-def tokenizer_top_id(folder: Path) -> int | None:
-    """The largest id of the folder's tokenizer.json (its vocabulary and added tokens)."""
-    path = folder / "tokenizer.json"
-    if not path.is_file():
+def tokenizer_top_id(folder: Path) -> tuple[Path, int] | None:
+    """The largest token id the folder's tokenizer can produce, and the file that holds it,
+    over every layout AutoTokenizer reads: tokenizer.json (its vocabulary and added tokens), a
+    byte-level BPE's vocab.json or encoder.json, added_tokens.json, and tokenizer_config.json's
+    added_tokens_decoder. None: no such file (a SentencePiece tokenizer.model alone is not read
+    here)."""
+    found: list[tuple[int, Path]] = []
+    for name in ("tokenizer.json", "vocab.json", "encoder.json", "added_tokens.json",
+                 "tokenizer_config.json"):  # fmt: skip
+        path = folder / name
+        if path.is_file():
+            ids = file_ids(json.loads(path.read_text()), name)
+            found += [(max(ids), path)] if ids else []
+    if not found:
         return None
-    tok = json.loads(path.read_text())
-    vocab = (tok.get("model") or {}).get("vocab") or {}
-    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
-    ids += [t["id"] for t in tok.get("added_tokens") or []]
-    return max(ids) if ids else None
+    top, path = max(found, key=lambda f: f[0])
+    return path, top
+
+
+def file_ids(data: Any, name: str) -> list[int]:
+    """The token ids one tokenizer file lists (file_ids of tokenizer_top_id's files)."""
+    if name == "tokenizer.json":
+        vocab = (data.get("model") or {}).get("vocab") or {}
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+        return ids + [t["id"] for t in data.get("added_tokens") or []]
+    if name == "tokenizer_config.json":
+        return [int(i) for i in data.get("added_tokens_decoder") or {}]
+    return [int(i) for i in data.values()] if isinstance(data, dict) else []
 
 
 def shape(cfg: dict[str, Any]) -> dict[str, int]:
