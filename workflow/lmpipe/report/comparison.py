@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmpipe import stats
-from lmpipe.report.findings import at_equal_tokens, differing
+from lmpipe.report.findings import differing, tokens_words
 from lmpipe.report.references import REFERENCES, Reference
 from lmpipe.report.runs import Run, by_recipe, pairs
 
@@ -461,7 +461,7 @@ def verdicts(runs: list[Run], rows: list[Row], base_of: list[int | None]) -> lis
                 " read those as undecided"
             )
         if parts:
-            what = f"{differing(run, baseline)}; {at_equal_tokens([run], [baseline])}"
+            what = f"{differing(run, baseline)}; {tokens_words([run], [baseline])}"
             family = f"{stats.family_wise_words(len(tested), 1 - LEVEL)}" if tested else ""
             tail = f" ({what}; one seed each{'; ' + family if family else ''})"
             out.append(f"{run.name}: " + "; ".join(parts) + tail + ".")
@@ -561,7 +561,7 @@ def recipe_verdicts(runs: list[Run], rows: list[Row], table: dict[str, Any]) -> 
             parts.append(f"not tested on {', '.join(alike)}: every seed of both scored the same")
         seeds = f"over {len(groups[name])} and {len(groups[base])} seeds"
         pair = (groups[name], groups[base])
-        what = f"{differing(pair[0][0], pair[1][0])}; {at_equal_tokens(*pair)}"
+        what = f"{differing(pair[0][0], pair[1][0])}; {tokens_words(*pair)}"
         family = stats.family_wise_words(tested, 1 - LEVEL)
         out.append(f"{name} ({seeds}): " + "; ".join(parts) + f" ({what}; {family}).")
     return out

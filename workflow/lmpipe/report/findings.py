@@ -96,6 +96,29 @@ def differing(a: Run, b: Run, most: int = 6) -> str:
     return f"differs in {shown}"
 
 
+def tokens_words(mine: list[Run], theirs: list[Run]) -> str:
+    """Tokens trained, in words; where they differ, said, with the training curves' val loss at
+    the largest token count both recipes' curves reach (their first replicas'): the task
+    table's verdict compares final evaluations, and must not read a gap off unequal budgets
+    unsaid."""
+    a, b = tokens_trained(mine[0]), tokens_trained(theirs[0])
+    if a is None or b is None:
+        return "tokens trained unknown"
+    if a == b:
+        return f"{a:,} tokens trained each"
+    words = f"trained {a:,} tokens against {b:,}: at unequal tokens"
+    curve_a = {row["tokens"]: row["val_loss"] for row in mine[0].val if "tokens" in row}
+    curve_b = {row["tokens"]: row["val_loss"] for row in theirs[0].val if "tokens" in row}
+    both = [t for t in curve_a if t in curve_b and t > 0]
+    if both:
+        t = max(both)
+        words += (
+            f"; at {t:,} tokens, the most both reached, the training's val loss is"
+            f" {curve_a[t]:.4f} against {curve_b[t]:.4f}"
+        )
+    return words
+
+
 def curve_point(run: Run, tokens: int) -> dict[str, Any] | None:
     """A run's validation during training at `tokens` trained, as a val_loss result (its
     per-document sums where the line has them), or None where it validated not there."""
