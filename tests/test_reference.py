@@ -1,8 +1,9 @@
 """Reference runs (`train: null`: a Hugging Face model evaluated as it is) and the shape of an
-`arch: hf` model read from its config.json (lmpipe.hf_config), without torch.
+`arch: hf` model, measured from its config.json (lmpipe.hf_config) for any family.
 
-The counts are held to the models transformers builds (on the meta device: no memory); a real
-Snakemake run puts a tiny random GPT-2 folder beside a tiny trained run in one report.
+The counts are held to the models transformers builds, of families the count was not written
+for; a real Snakemake run puts a tiny random GPT-2 folder beside a tiny trained run in one
+report.
 """
 
 from __future__ import annotations
@@ -28,39 +29,127 @@ from lmpipe.registry import ARCHITECTURES
 REPO = Path(__file__).resolve().parents[1]
 
 
-def hf_configs():
-    """Small configs of each family the count knows: GQA, biased q/k/v, tied and untied heads."""
-    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+# Decoder families transformers builds tiny from a config, offline: the measured count knows no
+# family, so these are ones the tests did not choose it for. (family, the key of a routed
+# expert's inner width, or None for a dense model)
+FAMILIES = {
+    "llama": None, "qwen2": None, "qwen3": None, "mistral": None, "gemma": None,
+    "gemma2": None, "gemma3_text": None, "phi3": None, "olmo2": None, "falcon": None,
+    "starcoder2": None, "gpt_neox": None, "cohere": None, "granite": None, "stablelm": None,
+    "gpt2": None, "mixtral": "intermediate_size", "olmoe": "intermediate_size",
+    "qwen2_moe": "moe_intermediate_size", "qwen3_moe": "moe_intermediate_size",
+}  # fmt: skip
+TINY = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+        "moe_intermediate_size": 32, "num_experts": 4, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "shared_expert_intermediate_size": 48, "sliding_window": 32,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
 
-    small = dict(vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                 num_attention_heads=8, max_position_embeddings=256)  # fmt: skip
-    return {
-        "gpt2": GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=500),
-        "gpt2-inner": GPT2Config(n_layer=1, n_head=2, n_embd=16, n_inner=40, vocab_size=300),
-        "llama-gqa": LlamaConfig(**small, num_key_value_heads=2),
-        "llama-tied": LlamaConfig(**small, tie_word_embeddings=True),
-        "llama-head-dim": LlamaConfig(**small, head_dim=16),
-        "mistral": MistralConfig(**small, num_key_value_heads=4),
-        "qwen2": Qwen2Config(**small, num_key_value_heads=2, tie_word_embeddings=False),
-    }
+
+def tiny_config(family: str):
+    """The family's config at its defaults, made tiny: each TINY key it has, set, and its
+    per-layer lists (Gemma's layer_types) made again for the layers it now has."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[family]
+    defaults = cls().to_dict()
+    kwargs = {k: v for k, v in TINY.items() if k in defaults}
+    kept = {k: v for k, v in defaults.items() if k not in ("layer_types", "model_type")}
+    return cls(**kept | kwargs)
 
 
-@pytest.mark.parametrize("name", list(hf_configs()))
-def test_parameter_count_from_config_json_equals_transformers(tmp_path, name):
-    """What the plan counts from config.json alone is what transformers builds (a tied head
-    once); the FLOPs' N leaves out an untied embedding, a lookup."""
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_measured_count_equals_the_model_transformers_builds(tmp_path, family):
+    """Any family: the plan's count (lmpipe.hf_config, the model built on the meta device) is
+    `sum(p.numel())` of the real model (built on the CPU, a tied head once); the FLOPs' N leaves
+    out an untied embedding (a lookup); a mixture of experts' active parameters are the total
+    less the routed experts a token does not use, counted here from the config by hand."""
     from transformers import AutoModelForCausalLM
 
-    config = hf_configs()[name]
+    config = tiny_config(family)
     config.save_pretrained(tmp_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config)  # real weights, on the CPU
     built = sum(p.numel() for p in model.parameters())
     shape = read_shape(str(tmp_path))
     assert shape.num_params == built
-    embedding = model.get_input_embeddings().weight.numel()
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    assert shape.flops_params == built - (0 if tied else embedding)
+    embedding = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight is embedding
+    assert shape.tied == tied and shape.vocab_size == 300
+    width = FAMILIES[family]
+    if width is None:
+        assert shape.active_params == built
+    else:  # each routed expert: a gated MLP of three C x I matrices, in every layer
+        experts, used = 4, 2
+        unused = config.num_hidden_layers * (experts - used) * 3 * 64 * getattr(config, width)
+        assert shape.active_params == built - unused
+    assert shape.flops_params == shape.active_params - (0 if tied else embedding.numel())
+
+
+def test_sliding_windows_count_in_the_attention_flops(tmp_path):
+    """Mistral's window on every layer; Gemma 2's on every other layer (its layer_types): the
+    6LCT of 6N + 6LCT takes each layer's keys a query sees, at most the window."""
+    for family, windowed in (("mistral", 2), ("gemma2", 1)):
+        config = tiny_config(family)
+        config.save_pretrained(tmp_path / family)
+        shape = read_shape(str(tmp_path / family))
+        width = config.num_attention_heads * config.head_dim
+        full = 2 - windowed
+        assert shape.attention_flops(512) == 6 * width * (full * 512 + windowed * 32), family
+        assert shape.attention_flops(16) == 6 * width * 2 * 16  # shorter than the window
+
+
+def test_a_family_transformers_cannot_build_is_one_line_naming_its_config(tmp_path):
+    """A folder that passes the folder check (a causal LM's class named, weights present) but
+    whose family transformers does not know: refused before any job, naming its config.json."""
+    config = {"model_type": "no-such-family", "architectures": ["NoSuchForCausalLM"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"")  # never read: the check stops first
+    with pytest.raises(ConfigError, match=rf"models\.x\.path: {tmp_path}/config.json: transformers"
+                       " cannot build it"):  # fmt: skip
+        lmconfig.model_config({"arch": "hf", "path": str(tmp_path)}, "models.x")
+
+
+def test_the_plan_measures_in_a_subprocess_once_and_keeps_it(tmp_path):
+    """The plan's process never imports torch: it measures in a subprocess, keeps the shape in
+    its cache folder, and a later process reads it there without measuring."""
+    import subprocess
+    import sys
+
+    tiny_config("olmo2").save_pretrained(tmp_path / "model")
+    cache = tmp_path / "results" / ".cache" / "hf_shapes"
+    code = f"""
+import sys
+from lmpipe import hf_config
+hf_config.cache_shapes_in({str(cache)!r})
+if {{again}}:
+    def measured(*args):
+        raise AssertionError("measured again")
+    hf_config.measured = measured
+print(hf_config.read_shape({str(tmp_path / "model")!r}).num_params)
+assert "torch" not in sys.modules, "the plan's process imported torch"
+"""
+    first = subprocess.run([sys.executable, "-c", code.format(again=False)], capture_output=True,
+                           text=True, cwd=REPO)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    (kept,) = cache.glob("*.json")
+    again = subprocess.run([sys.executable, "-c", code.format(again=True)], capture_output=True,
+                           text=True, cwd=REPO)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert first.stdout == again.stdout == f"{json.loads(kept.read_text())['num_params']}\n"
+
+
+def test_the_shapes_shipped_beside_the_repo_copies_are_measured_afresh():
+    """resources/hf_configs/*/*/shape.json (written by `python -m lmpipe.hf_config --ship`)
+    are what a measure gives now: the plan reads them without starting torch."""
+    from lmpipe import hf_config
+
+    shipped = sorted((REPO / "resources" / "hf_configs").glob("*/*/shape.json"))
+    assert len(shipped) == 2
+    for path in shipped:
+        data = json.loads(path.read_text())
+        assert data["key"] == hf_config.shape_key(path.parent / "config.json", False), path
+        fresh = hf_config.measure(path.parent)
+        assert hf_config.shape_of(data) == hf_config.shape_of(fresh), path
 
 
 def test_llama2_7b_from_the_repo_copy_of_its_config():

@@ -174,7 +174,7 @@ def hf_shape(data: dict[str, Any], where: str) -> dict[str, int]:
             hf_folder.check_folder(local, bool(data.get("trust_remote_code")))
             path = str(local)
         # else a hub id the download stage fetches: its config.json's copy in resources/
-        s = read_shape(path)
+        s = read_shape(path, bool(data.get("trust_remote_code")))
     except (OSError, ValueError) as e:
         raise ConfigError(f"{where}.path: {e}") from None
     found = {

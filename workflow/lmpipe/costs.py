@@ -121,7 +121,7 @@ def block_values_a_token(m: lmconfig.ModelConfig) -> float:
     MLP: gate, up, the activation and the product, 4 I; GPT-2's: 2 I)."""
     if m.arch != "hf":
         return 17 * m.n_embd
-    s = read_shape(m.path)
+    s = read_shape(m.path, m.trust_remote_code)
     q, kv = s.n_head * s.head_dim, s.n_kv_head * s.head_dim
     return 4 * s.n_embd + 2 * q + 2 * kv + (4 if s.gated_mlp else 2) * s.intermediate
 

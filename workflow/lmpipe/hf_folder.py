@@ -1,10 +1,12 @@
 """A Hugging Face model folder as `model.arch: hf` reads it, without torch: where it is, whether
-it holds a causal LM the trainer can load, its shape and its parameter count.
+it holds a causal LM the trainer can load, and the parameters its weights hold (its shape is
+measured: lmpipe.hf_config).
 
-The config check calls `model_fields` on every `arch: hf` entry, so a path with no model, a model
-that is not a causal LM, a pickle-only checkpoint or a tokenizer whose ids the model's embedding
-cannot hold is one line naming the file, before any job starts. Nothing is downloaded here (no
-network at run time): a hub id must already be in the local Hugging Face cache.
+The config check calls `check_folder` on every `arch: hf` entry's local folder, so a path with
+no model, a model that is not a causal LM, a pickle-only checkpoint or a tokenizer whose ids the
+model's embedding cannot hold is one line naming the file, before any job starts. Nothing is
+downloaded here (no network at run time): a hub id must already be in the local Hugging Face
+cache.
 """
 
 from __future__ import annotations
@@ -17,15 +19,6 @@ from typing import Any
 
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
-# config.json keys of the shape, by ModelConfig field: the names of the Llama/Qwen2 family, then
-# GPT-2's
-SHAPE_KEYS = {
-    "n_layer": ("num_hidden_layers", "n_layer"),
-    "n_head": ("num_attention_heads", "n_head"),
-    "n_embd": ("hidden_size", "n_embd"),
-    "block_size": ("max_position_embeddings", "n_positions"),
-    "vocab_size": ("vocab_size",),
-}
 
 
 def resolve(path: str, revision: str | None = None) -> Path:
@@ -130,35 +123,6 @@ def file_ids(data: Any, name: str) -> list[int]:
     if name == "tokenizer_config.json":
         return [int(i) for i in data.get("added_tokens_decoder") or {}]
     return [int(i) for i in data.values()] if isinstance(data, dict) else []
-
-
-def shape(cfg: dict[str, Any]) -> dict[str, int]:
-    """ModelConfig's shape fields from a config.json (padded_vocab_size: the vocabulary as is)."""
-    out = {}
-    for name, keys in SHAPE_KEYS.items():
-        value = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
-        if value is None:
-            raise ValueError(f"config.json: none of {', '.join(keys)} (the model's {name})")
-        out[name] = int(value)
-    out["padded_vocab_size"] = out["vocab_size"]
-    return out
-
-
-def model_fields(data: dict[str, Any]) -> dict[str, Any]:
-    """An `arch: hf` entry with its shape filled in from the folder (a shape key given must
-    agree with it; block_size may be shorter: the context trained)."""
-    if not data.get("path"):
-        raise ValueError("'path' is required for model.arch hf (a folder or a hub id)")
-    folder = resolve(data["path"], data.get("revision"))
-    found = shape(check_folder(folder, bool(data.get("trust_remote_code"))))
-    for key, value in data.items():
-        if key in found and value != found[key]:
-            if key == "block_size" and value <= found[key]:
-                continue
-            raise ValueError(
-                f"{key} {value} is not the model's {found[key]} ({folder}/config.json)"
-            )
-    return found | data
 
 
 TOKENIZER_FILES = (

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmpipe.eval.suite import tasks as suite_tasks  # a definition module: torch-free, no lmpipe
-from lmpipe.hf_config import read_shape
+from lmpipe.hf_config import HFShape, read_shape
 from lmpipe.settings import optional, required, setting
 from lmpipe.throughputs import figure
 
@@ -57,6 +57,9 @@ class Architecture:
     # the N of llm.c's 6N + 6LCT, the parameters that take part in a matmul, without torch;
     # None: all of num_params (GPT-2: its tied embedding is the head, its positions count)
     flops_params: Callable[[Any], int] | None = None
+    # the 6LCT of 6N + 6LCT for a sequence of seq_len, where the architecture counts it itself
+    # (a Hugging Face model's layers, each with its own window); None: attention_layers x C x T
+    attention_flops: Callable[[Any, int], int] | None = None
 
     def flops_per_token(self, m: Any, seq_len: int) -> int:
         """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward; L the
@@ -65,6 +68,8 @@ class Architecture:
         checks it). With a sliding window (a modern model's attention_window, growing to
         attention_window_final) T is at most the largest window: the keys a query sees."""
         n = (self.flops_params or self.num_params)(m)
+        if self.attention_flops is not None:
+            return 6 * n + self.attention_flops(m, seq_len)
         return 6 * n + 6 * attention_layers(m) * m.n_embd * attention_context(m, seq_len)
 
     def head_flops_per_token(self, m: Any) -> int:
@@ -220,6 +225,11 @@ def modern_flops_params(m: Any) -> int:
     return modern_params(m) - embedding - value_embedding_params(m)  # lookups, no matmul
 
 
+def hf_shape(m: Any) -> HFShape:
+    """An `arch: hf` model's measured shape (lmpipe.hf_config)."""
+    return read_shape(m.path, m.trust_remote_code)
+
+
 @dataclass(frozen=True, kw_only=True)
 class HFSettings:
     """model.arch hf: a Hugging Face decoder-only causal LM, by a local folder or a hub id. Its
@@ -258,11 +268,12 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture(
             "hf",
             "lmpipe.models.hf",
-            "a Hugging Face causal LM (GPT-2, Llama, Mistral, Qwen2 families), weights from"
-            " safetensors",
-            lambda m: read_shape(m.path).num_params,
+            "a Hugging Face causal LM (any family transformers builds from its config.json),"
+            " weights from safetensors",
+            lambda m: hf_shape(m).num_params,
             settings=HFSettings,
-            flops_params=lambda m: read_shape(m.path).flops_params,
+            flops_params=lambda m: hf_shape(m).flops_params,
+            attention_flops=lambda m, seq_len: hf_shape(m).attention_flops(seq_len),
         ),
     )
 }

@@ -34,6 +34,7 @@ shell.prefix(
 from lmpipe import config as lmconfig
 from lmpipe import costs as lmcosts
 from lmpipe import failures as lmfailures
+from lmpipe import hf_config as lmhfconfig
 from lmpipe import job_params as lmjobparams
 from lmpipe import plan as lmplan
 from lmpipe import resources as lmresources
@@ -41,6 +42,13 @@ from lmpipe import schema as lmschema
 from lmpipe import stale as lmstale
 from lmpipe import sweeps as lmsweeps
 from lmpipe.registry import EVALUATIONS
+
+# An `arch: hf` model's shape is measured once (lmpipe.hf_config) and kept in the results folder
+lmhfconfig.cache_shapes_in(
+    os.path.join(
+        (config.get("paths") or {}).get("results", "results"), ".cache", "hf_shapes"
+    )
+)
 
 # Snakemake's validate() against the schema generated from the settings' dataclasses, then the
 # registry's names and the
