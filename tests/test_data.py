@@ -170,7 +170,8 @@ def test_shard_loader_inputs_and_next_token_targets_are_the_shards_slices(tmp_pa
                     np.testing.assert_array_equal(x.flatten(), tokens[shard][p : p + B * T])
                     np.testing.assert_array_equal(y.flatten(), tokens[shard][p + 1 : p + B * T + 1])
             # validation: this rank's slices of the first val_tokens of the shard, the same way
-            for k, (x, y) in enumerate(val_batches(files[1], B, T, 64, DataShare(rank, world))):
+            val = val_batches(files[1], B, T, 64, DataShare(rank, world), EOT_ID)
+            for k, (x, y) in enumerate(val.batches):
                 p = (k * world + rank) * B * T
                 np.testing.assert_array_equal(x.flatten(), tokens[1][p : p + B * T])
                 np.testing.assert_array_equal(y.flatten(), tokens[1][p + 1 : p + B * T + 1])

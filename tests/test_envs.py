@@ -64,6 +64,11 @@ DISPATCH = {
 OPTIONAL = {"wandb": "lmpipe.train.wandb_log"}  # logging.wandb: the [wandb] extra
 
 
+# functions whose imports no job's env needs: they run in the process that checks the config
+# (Snakemake's own), whose result its jobs read from a cache (LMPIPE_HF_SHAPES)
+PARSE_TIME_ONLY = {("hf_config.py", "measure")}
+
+
 def module_imports(*modules: str) -> set[str]:
     """Top-level packages that `modules` import, anywhere in their code (inside functions too:
     a job calls them), following lmpipe's own modules, a package's __init__ and __main__, and
@@ -94,7 +99,16 @@ def import_names(source: Path, outside: set[str]) -> list[str]:
     text = source.read_text()
     # named modules (a torchrun worker); the registry's are followed where they run (DISPATCH)
     found_lmpipe = [] if source.name == "registry.py" else re.findall(LMPIPE_MODULE, text)
-    for node in ast.walk(ast.parse(text)):
+    tree = ast.parse(text)
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and (source.name, node.name) in PARSE_TIME_ONLY
+        for inner in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:

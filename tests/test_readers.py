@@ -79,7 +79,7 @@ def test_a_broken_val_shard_is_named(tokens, break_it, says):
     (val,) = shard_files(tokens, "val")
     break_it(val)
     with raises(ShardError, str(val), says):
-        val_batches(val, micro_batch=2, seq_len=16, val_tokens=64, dp=DataShare(0, 1))
+        val_batches(val, micro_batch=2, seq_len=16, val_tokens=64, dp=DataShare(0, 1), eot=50256)
 
 
 def test_a_shard_shorter_than_a_step_is_named(tokens):

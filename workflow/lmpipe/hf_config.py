@@ -237,6 +237,9 @@ def measured(folder: Path, trust_remote_code: bool) -> dict:
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        if why.startswith("ModuleNotFoundError"):  # torch or transformers
+            needs = "measuring a model's shape needs torch and transformers in the environment of"
+            why += f"; {needs} {sys.executable}"
         raise ValueError(f"{folder / 'config.json'}: transformers cannot build it ({why})")
     return json.loads(proc.stdout)
 

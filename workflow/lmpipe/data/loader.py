@@ -162,7 +162,10 @@ def val_batches(
     batches, docs = [], []
     for i in range(steps):
         start = (i * world_size + rank) * B * T
-        buf = scored[start : start + B * T + 1]
+        # a batch's own storage, of B * T + 1 tokens as a training batch's: a compiled model
+        # guards on the size of its input's base, and a view into the whole val text would
+        # make the training graph dynamic
+        buf = scored[start : start + B * T + 1].clone()
         batches.append((buf[:-1].view(B, T), buf[1:].view(B, T)))
         docs.append(doc_of[start : start + B * T].view(B, T))
     return ValSet(batches, docs, int(doc_of[-1]) + 1)
