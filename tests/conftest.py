@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,17 @@ def planned(workdir: Path, config: dict, targets: list[str]) -> set[tuple[str, s
         wc = re.search(r"^\s*wildcards: (.*)$", details, re.M)
         jobs.add((rule, wc.group(1) if wc else ""))
     return jobs
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Each test leaves the stop signals' handlers as it found them. A training worker run in
+    this process (the fine-tuning worker's `main`) ignores SIGINT and SIGUSR1 as it exits, as its
+    own process must; left so, every process started afterwards by this pytest worker inherits
+    the ignored SIGINT, and a Snakemake under test_slurm's or test_interrupt's Ctrl-C never
+    stops."""
+    stops = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
+    saved = {sig: signal.getsignal(sig) for sig in stops}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

@@ -638,8 +638,7 @@ def test_a_job_pending_for_good_is_named_on_the_console_within_a_minute(fresh_wo
         if job_id and " pends for " in text:
             named = time.monotonic()
     proc.send_signal(signal.SIGINT)  # Snakemake cancels its SLURM jobs
-    # (its stop took over 120 s once, on 2 cores running the whole suite beside it)
-    text = finish(proc, log_path, timeout=300)
+    text = finish(proc, log_path, timeout=120)
     assert job_id and named, text[-4000:]
     assert named - submitted < PENDING_BOUND_S, named - submitted
     (line,) = [ln for ln in text.splitlines() if " pends for " in ln]
