@@ -227,15 +227,26 @@ def planned(workdir: Path, config: dict, targets: list[str]) -> set[tuple[str, s
     return jobs
 
 
+# the stop signals' handlers as this test process started with them
+STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
+STARTING_HANDLERS = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+
+def default_stop_signals() -> None:
+    """A child's stop signals at their defaults (Popen's preexec_fn): an ignored signal is
+    inherited across exec, and a Snakemake started with SIGINT ignored never stops on Ctrl-C."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True)
 def signal_handlers_kept():
-    """Each test leaves the stop signals' handlers as it found them. A training worker run in
-    this process (the fine-tuning worker's `main`) ignores SIGINT and SIGUSR1 as it exits, as its
-    own process must; left so, every process started afterwards by this pytest worker inherits
-    the ignored SIGINT, and a Snakemake under test_slurm's or test_interrupt's Ctrl-C never
-    stops."""
-    stops = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
-    saved = {sig: signal.getsignal(sig) for sig in stops}
+    """Each test runs, and leaves, with the stop signals' handlers this process started with. A
+    training worker run in this process (the fine-tuning worker's `main`) ignores SIGINT and
+    SIGUSR1 as it exits, as its own process must; left so, every process started afterwards by
+    this pytest worker inherits the ignored SIGINT."""
+    for sig, handler in STARTING_HANDLERS.items():
+        signal.signal(sig, handler)
     yield
-    for sig, handler in saved.items():
+    for sig, handler in STARTING_HANDLERS.items():
         signal.signal(sig, handler)

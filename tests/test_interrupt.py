@@ -29,7 +29,7 @@ import torch
 import yaml
 from test_train import load_final, losses, metrics
 
-from conftest import make_workdir, snakemake
+from conftest import default_stop_signals, make_workdir, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +89,7 @@ def ctrl_c(workdir: Path, run: str, when: Callable[[list[dict]], bool]) -> dict:
         proc = subprocess.Popen(
             [sys.executable, "-m", "snakemake", "--cores", "2", final(run)], cwd=workdir,
             env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=default_stop_signals,
         )  # fmt: skip
     try:
         deadline = time.time() + 300

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, make_workdir
+from conftest import REPO, default_stop_signals, make_workdir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -105,6 +105,12 @@ def run_uuid_of(log: str) -> str:
     return match.group(1)
 
 
+def popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
+    """A Snakemake started as a terminal starts it: its stop signals at their defaults, so
+    that the Ctrl-C a test sends reaches it whatever this pytest worker ran before."""
+    return subprocess.Popen(*args, preexec_fn=default_stop_signals, **kwargs)
+
+
 def finish(proc: subprocess.Popen, log_path: Path, timeout: float = TIMEOUT) -> str:
     try:
         proc.wait(timeout=timeout)
@@ -144,7 +150,7 @@ def strike_mid_run(
     the strike to the job's end."""
     log_path = workdir / f"snakemake-{name}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             snakemake_cmd(*args), cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT
         )
     struck, struck_at, at_strike, after_end, strike_result, ended_s = None, 0.0, [], [], None, None
@@ -284,7 +290,7 @@ def test_preempted_train_job_resumes_to_the_same_weights(workdir, report_run):
 def test_train_on_two_slurm_nodes_one_torchrun_each(workdir):
     log_path = workdir / "snakemake-two-nodes.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             # fake GPUs (2 a node, GRES): the allocation carries them, the ranks run on gloo
             snakemake_cmd("results/runs/two-nodes/train/final",
                           "--set-resources", "train:gres='gpu:2'"),
@@ -389,7 +395,7 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs(workdir):
     run = "time-limit"
     log_path = workdir / "snakemake-time-limit.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             snakemake_cmd(f"results/runs/{run}/train/final"),
             cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -460,7 +466,7 @@ def job_records(job_ids: list[str]) -> dict[str, dict[str, Any]]:
 def test_a_sweep_runs_its_points_as_concurrent_jobs_and_builds_its_report(workdir):
     log_path = workdir / "snakemake-sweep.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             snakemake_cmd("--jobs", "4", "results/report_sweep-slurm.html"),
             cwd=workdir, env=env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -499,7 +505,7 @@ def test_sbatch_line_of_the_124m_train_job_follows_the_config(workdir, cluster):
     e = env() | {"SBATCH_PARTITION": "debug", "LMPIPE_CLUSTER_CHECK": "0"}
     log_path = workdir / "snakemake-124m.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             snakemake_cmd("--retries", "0", "results/runs/124m/train/final"),
             cwd=workdir, env=e, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -585,7 +591,7 @@ def test_tokenize_asks_for_the_cpus_a_node_has_and_runs_without_set_threads(fres
     many (it gets the figure from the main process: it reads no sinfo)."""
     log_path = fresh_workdir / "snakemake-tokenize.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(fresh_cmd(TOKENS), cwd=fresh_workdir, env=env(), stdout=log,
+        proc = popen(fresh_cmd(TOKENS), cwd=fresh_workdir, env=env(), stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
     text = finish(proc, log_path, timeout=300)
     assert proc.returncode == 0, text[-6000:]
@@ -601,7 +607,7 @@ def test_a_job_no_partition_holds_is_refused_in_one_line_before_any_submission(f
     cpus = node_cpus()
     log_path = fresh_workdir / "snakemake-refused.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             fresh_cmd(TOKENS, "--set-threads", f"tokenize={8 * cpus}"),
             cwd=fresh_workdir, env=env(), stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -624,7 +630,7 @@ def test_a_job_pending_for_good_is_named_on_the_console_within_a_minute(fresh_wo
     cpus = node_cpus()
     log_path = fresh_workdir / "snakemake-pending.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+        proc = popen(
             fresh_cmd(TOKENS, "--set-threads", f"tokenize={8 * cpus}"), cwd=fresh_workdir,
             env=env() | {"LMPIPE_CLUSTER_CHECK": "0"}, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
