@@ -396,16 +396,15 @@ def test_conversations_rerun_for_another_base_or_tokenizer_only(hf_dirs, tmp_pat
     workdir = make_workdir(tmp_path / "wd")
     config = chat_config(workdir, base)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    manifest = "results/data/vicuna-dummy/sft/manifest.json"
+    manifest = "results/data/vicuna-dummy/sft-mine/manifest.json"  # in the model's tokens
     snakemake(workdir, "--cores", "1", manifest)
-    rows = np.load(workdir / "results/data/vicuna-dummy/sft/train_inputs.npy")
+    rows = np.load(workdir / "results/data/vicuna-dummy/sft-mine/train_inputs.npy")
     assert rows[0, 0] == load_tokenizer(base).bos_token_id  # the llama's <s>
     target = "results/runs/embedded-a-chat/train/final"
 
     def prepares(changed: dict) -> bool:
-        return ("prepare_conversations", "dataset=vicuna-dummy") in planned(
-            workdir, changed, [target]
-        )
+        job = ("prepare_conversations_for_model", "dataset=vicuna-dummy, model=mine")
+        return job in planned(workdir, changed, [target])
 
     assert not prepares(config)
     lr = copy.deepcopy(config)

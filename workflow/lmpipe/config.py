@@ -763,11 +763,21 @@ def tokenizer_key(config: dict[str, Any], folder: str) -> str:
 
 def chat_dataset(config: dict[str, Any], run: str) -> str | None:
     """The conversations a run's chat evaluations use: its own (fine-tuning), its fine-tunings'
-    (a base), or None."""
+    (a base run; a reference run of a Hugging Face base: those of its model from its text
+    dataset), or None."""
     if is_fine_tuning(config, run):
         return config["runs"][run]["dataset"]
+    me = config["runs"][run]
     children = {
-        r["dataset"] for r in config["runs"].values() if r.get("base", {}).get("run") == run
+        r["dataset"]
+        for name, r in config["runs"].items()
+        if r.get("base", {}).get("run") == run
+        or (
+            me["train"] is None
+            and r.get("base", {}).get("hf")
+            and r["model"] == me["model"]
+            and text_dataset(config, name) == me["dataset"]
+        )
     }
     return min(children) if children else None
 
@@ -790,9 +800,7 @@ INPUT_FILES: dict[str, typing.Callable[[dict[str, Any], str], str]] = {
     "tokens": text_tokens,
     "hellaswag": _hellaswag_file,
     "suite": lambda config, run: layout(config).suite_manifest(),
-    "conversations": lambda config, run: layout(config).conversations_manifest(
-        chat_dataset(config, run)
-    ),
+    "conversations": lambda config, run: chat_tokens(config, run),
 }
 
 
@@ -824,34 +832,38 @@ def tokenizing_models(config: dict[str, Any]) -> list[str]:
     return sorted({m for r in config["runs"] if (m := tokens_of(config, r))})
 
 
-def conversations_params(config: dict[str, Any], dataset: str) -> str:
+def conversations_params(config: dict[str, Any], dataset: str, model: str | None = None) -> str:
     """What the prepared conversations depend on (lmpipe.chat.data): the dataset's settings and,
-    for a base model's own tokenizer, that tokenizer's files (a changed base reruns them)."""
+    in an `arch: hf` model's own tokens (`model`), that tokenizer's files (a changed tokenizer
+    reruns them)."""
     d = _fields_of(ConversationsConfig, config["datasets"][dataset])
-    tokenizer = conversations_tokenizer(config, dataset)
-    if tokenizer != config["tokenizer"]:
-        d["tokenizer"] = tokenizer_key(config, tokenizer)
+    if model is not None:
+        d["tokenizer"] = tokenizer_key(config, conversations_tokenizer(config, model))
     return canonical_json(d | {"dataset": dataset})
 
 
-def conversations_tokenizer(config: dict[str, Any], dataset: str) -> str:
-    """The folder whose tokenizer prepares `dataset`'s conversations: the base model's own for
-    runs of `model.arch: hf`, else GPT-2's (the config's `tokenizer`); runs of two tokenizers
-    on one dataset are an error (each needs its own dataset entry)."""
-    found: dict[str, str] = {}
-    for name, r in config["runs"].items():
-        if r["dataset"] != dataset:
-            continue
-        hf = config["models"][r["model"]].get("arch") == "hf"
-        folder = hf_tokenizer_folder(config, r["model"]) if hf else config["tokenizer"]
-        found.setdefault(folder, name)
-    if len(found) > 1:
-        (a, ra), (b, rb) = list(found.items())[:2]
-        raise ConfigError(
-            f"datasets.{dataset}: runs {ra} and {rb} tokenize it with different tokenizers"
-            f" ({a}, {b}); give each its own dataset entry"
-        )
-    return next(iter(found), config["tokenizer"])
+def conversations_tokenizer(config: dict[str, Any], model: str | None) -> str:
+    """The folder whose tokenizer prepares conversations in `model`'s tokens (tokens_of): an
+    `arch: hf` model's own, or GPT-2's (the config's `tokenizer`) for None."""
+    return config["tokenizer"] if model is None else hf_tokenizer_folder(config, model)
+
+
+def chat_tokens(config: dict[str, Any], run: str) -> str:
+    """The prepared conversations a run fine-tunes on and its chat evaluations score: its chat
+    dataset in the tokens of the run's own model (tokens_of), so one dataset entry serves any
+    number of bases, each tokenized once per tokenizer."""
+    return layout(config).conversations_manifest(chat_dataset(config, run), tokens_of(config, run))
+
+
+def conversation_tokenizings(config: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """Each (conversations dataset, model whose tokens it is prepared in; None: GPT-2's) that
+    some run reads (chat_tokens)."""
+    pairs = {
+        (dataset, tokens_of(config, r))
+        for r in config["runs"]
+        if (dataset := chat_dataset(config, r)) is not None
+    }
+    return sorted(pairs, key=lambda p: (p[0], p[1] or ""))
 
 
 # train keys added since runs were trained, with the value that behaves as they did

@@ -46,12 +46,13 @@ class Layout:
         part = f"{part:03d}" if isinstance(part, int) else part
         return f"{self.data}/{dataset}/token_parts/part_{part}.bin"
 
-    def conversations_dir(self, dataset: str) -> str:
-        """Conversations as masked token rows (a `kind: conversations` dataset)."""
-        return f"{self.data}/{dataset}/sft"
+    def conversations_dir(self, dataset: str, tokens_of: str | None = None) -> str:
+        """Conversations as masked token rows (a `kind: conversations` dataset) in GPT-2's tokens;
+        with `tokens_of`, in that `arch: hf` model's own (as tokens_dir)."""
+        return f"{self.data}/{dataset}/sft" + (f"-{tokens_of}" if tokens_of else "")
 
-    def conversations_manifest(self, dataset: str) -> str:
-        return f"{self.conversations_dir(dataset)}/manifest.json"
+    def conversations_manifest(self, dataset: str, tokens_of: str | None = None) -> str:
+        return f"{self.conversations_dir(dataset, tokens_of)}/manifest.json"
 
     def suite_dir(self) -> str:
         """The zero-shot suite's task data (lmpipe.eval.suite.data), one folder a task."""

@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 from jsonschema import ValidationError
 
-from lmpipe import config_schema, replicas, sweeps
+from lmpipe import bases, config_schema, replicas, sweeps
 from lmpipe.config import (
     ADDED_TRAIN_KEYS,
     CUDA_GRAPH_MODES,
@@ -82,12 +82,14 @@ def _schema_error(exc: BaseException) -> Any | None:
 
 def validate(config: dict[str, Any]) -> None:
     """Validate `config` in place (defaults filled in), then expand its seeds and sweeps into
-    runs and validate those as runs (lmpipe.replicas, lmpipe.sweeps); a ConfigError names the
-    first problem."""
+    runs, add the Hugging Face bases' reference runs, and validate those as runs
+    (lmpipe.replicas, lmpipe.sweeps, lmpipe.bases); a ConfigError names the first problem."""
     replicas.expand(config)  # before the defaults fill in train.seed: a seed given is a seed
     _validate(config)
     if sweeps.expand(config):
         _validate(config)  # the points are runs: every check a run gets
+    if bases.expand(config):
+        _validate(config)  # each Hugging Face base measured beside its training, as a run
 
 
 def _validate(config: dict[str, Any]) -> None:

@@ -141,6 +141,10 @@ TOKENIZED = [d for d in config["datasets"] if d not in MIXTURES]
 
 # the `arch: hf` models whose runs read text in the model's own tokens (tokenize_for_model)
 HF_TOKENIZING_MODELS = lmconfig.tokenizing_models(config)
+# ... and those whose runs read conversations in their own tokens (sft-{model})
+CHAT_TOKENIZING_MODELS = sorted(
+    {m for _, m in lmconfig.conversation_tokenizings(config) if m is not None}
+)
 
 
 def get_hub_model_input(model):
@@ -167,12 +171,11 @@ def get_from_parts_arg(wildcards, input):
 
 def get_conversations_source(wildcards):
     """The local ShareGPT file (a change reruns the preparation; none for a hub dataset), and
-    a hub base's download, whose tokenizer prepares them."""
+    a hub model's download, whose tokenizer prepares them in its tokens."""
     d = config["datasets"][wildcards.dataset]
     inputs = {"source": d["path"]} if d["source"] == "local" else {}
-    folder = lmconfig.conversations_tokenizer(config, wildcards.dataset)
-    hub = lmconfig.hub_model_in(config, folder) is not None
-    return inputs | ({"model": folder} if hub else {})
+    hub = get_hub_model_input(wildcards.model) if hasattr(wildcards, "model") else []
+    return inputs | ({"model": hub} if hub else {})
 
 
 def get_eval_outputs(run):
@@ -215,7 +218,7 @@ def get_train_inputs(wildcards):
             inputs["model"] = hub
     else:
         base = lmconfig.base_source(config, wildcards.run)
-        inputs = {"data": LAYOUT.conversations_manifest(run.dataset), "init": base}
+        inputs = {"data": lmconfig.chat_tokens(config, wildcards.run), "init": base}
         # the base's text, replayed in each step (lmpipe.chat.replay)
         if run.sft.replay:
             inputs["replay"] = lmconfig.text_tokens(config, wildcards.run)

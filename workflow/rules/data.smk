@@ -200,6 +200,8 @@ rule mixture:
         " --out {output.manifest:q} > {log} 2>&1"
 
 
+# conversations as masked rows, in GPT-2's tokens (sft/) or in an `arch: hf` model's own
+# (sft-{model}/): one dataset entry serves every base, prepared once per tokenizer
 rule prepare_conversations:
     input:
         unpack(get_conversations_source),
@@ -214,10 +216,27 @@ rule prepare_conversations:
     params:
         cfg=lambda wc: lmconfig.conversations_params(config, wc.dataset),
         out=lambda wc: LAYOUT.conversations_dir(wc.dataset),
-        # GPT-2's, or the base model's own (its identity is in cfg: a changed one reruns this)
-        tokenizer=lambda wc: lmconfig.conversations_tokenizer(config, wc.dataset),
+        tokenizer=config["tokenizer"],
     shell:
         # the module itself, not the chat package's command line: its other commands need
         # torch, which the data env has not
         "python -m lmpipe.chat.data --config-json {params.cfg:q}"
         " --tokenizer {params.tokenizer:q} --out {params.out:q} > {log} 2>&1"
+
+
+use rule prepare_conversations as prepare_conversations_for_model with:
+    input:
+        unpack(get_conversations_source),
+    output:
+        manifest=LAYOUT.conversations_manifest("{dataset}", "{model}"),
+    log:
+        LAYOUT.log("prepare_conversations", "{dataset}/{model}"),
+    benchmark:
+        LAYOUT.benchmark("prepare_conversations", "{dataset}/{model}")
+    wildcard_constraints:
+        model=one_of(CHAT_TOKENIZING_MODELS),
+    params:
+        # the tokenizer's identity is in cfg: a changed one reruns this, nothing else does
+        cfg=lambda wc: lmconfig.conversations_params(config, wc.dataset, wc.model),
+        out=lambda wc: LAYOUT.conversations_dir(wc.dataset, wc.model),
+        tokenizer=lambda wc: lmconfig.conversations_tokenizer(config, wc.model),

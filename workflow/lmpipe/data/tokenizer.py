@@ -113,13 +113,26 @@ class HFTokenizer:
 
 
 def model_tokenizer(model_dir: str | Path, gpt2_dir: str | Path) -> Tokenizer:
-    """The tokenizer of a converted model folder: its own for a `model.arch: hf` export (its
-    config.json's `lmpipe_arch`), else GPT-2's tiktoken encoding from `gpt2_dir`."""
+    """The tokenizer a model folder is scored in: GPT-2's tiktoken encoding (from `gpt2_dir`)
+    for our own GPT-2-tokenized architectures (config.json's `lmpipe_arch` names one); for any
+    other folder (a `model.arch: hf` export, a reference run's Hugging Face folder) the folder's
+    own tokenizer, and GPT-2's only where it has none and its vocabulary is GPT-2's."""
     import json
 
+    from lmpipe.config import GPT2_VOCAB  # (tokens_of: such a model reads GPT-2's tokens)
+
     config = Path(model_dir) / "config.json"
-    arch = json.loads(config.read_text()).get("lmpipe_arch") if config.is_file() else None
-    return load_tokenizer(model_dir if arch == "hf" else gpt2_dir)
+    data = json.loads(config.read_text()) if config.is_file() else {}
+    if data.get("lmpipe_arch") not in (None, "hf"):
+        return load_tokenizer(gpt2_dir)
+    if any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        return load_tokenizer(model_dir)
+    if data.get("vocab_size") == GPT2_VOCAB:
+        return load_tokenizer(gpt2_dir)
+    raise FileNotFoundError(
+        f"{model_dir}: no tokenizer files ({', '.join(TOKENIZER_FILES)}), and its vocabulary"
+        f" ({data.get('vocab_size')}) is not GPT-2's: its text cannot be tokenized"
+    )
 
 
 @cache
