@@ -51,9 +51,29 @@ def test_env_pins_equal_pyproject(env):
 
 
 LMPIPE_MODULE = r'"(lmpipe(?:\.\w+)+)(?::\w+)?"'  # "lmpipe.x.y" or "lmpipe.x.y:function"
+
+
+def lazy_exports(package: str) -> dict[str, str]:
+    """A package's names that load on first use (its `EXPORTS`, lmpipe.models.lazy_exports),
+    each with the module it comes from; {} for a module or a package without them."""
+    init = REPO / "workflow" / Path(*package.split(".")) / "__init__.py"
+    if not init.is_file():
+        return {}
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "EXPORTS":
+            exports = ast.literal_eval(node.value)  # {"name": "module:attribute"}
+            return {name: ref.split(":")[0] for name, ref in exports.items()}
+    return {}
+
+
 # modules that import lmpipe.registry entries' code by name, and the modules of those entries
+# (an architecture's package, and what it exports: the job asks for Model, load_hf, ...)
 DISPATCH = {
-    "lmpipe.models": [a.module for a in ARCHITECTURES.values()],
+    "lmpipe.models.build": [
+        module
+        for a in ARCHITECTURES.values()
+        for module in [a.module, *lazy_exports(a.module).values()]
+    ],
     "lmpipe.train.optim": [o.build.split(":")[0] for o in OPTIMIZERS.values()],
     "lmpipe.eval.__main__": [e.run.split(":")[0] for e in EVALUATIONS.values()],
 }
@@ -80,6 +100,9 @@ def module_imports(*modules: str) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
+        package, _, attribute = name.rpartition(".")
+        if attribute in lazy_exports(package):  # `from package import name`: loads its module
+            todo.append(lazy_exports(package)[attribute])
         path = REPO / "workflow" / Path(*name.split("."))
         sources = [path / "__init__.py"] if path.is_dir() else [path.with_suffix(".py")]
         if path.is_dir() and name in modules:  # `python -m package` runs its __main__
@@ -97,8 +120,13 @@ def module_imports(*modules: str) -> set[str]:
 def import_names(source: Path, outside: set[str]) -> list[str]:
     """lmpipe modules `source` imports or names; adds outside top-level packages to `outside`."""
     text = source.read_text()
-    # named modules (a torchrun worker); the registry's are followed where they run (DISPATCH)
+    # named modules (a torchrun worker); the registry's are followed where they run (DISPATCH),
+    # a package's lazy exports where a module imports one of their names (module_imports)
     found_lmpipe = [] if source.name == "registry.py" else re.findall(LMPIPE_MODULE, text)
+    if source.name == "__init__.py":
+        package = ".".join(source.parent.relative_to(REPO / "workflow").parts)
+        lazy = set(lazy_exports(package).values())
+        found_lmpipe = [m for m in found_lmpipe if m not in lazy]
     tree = ast.parse(text)
     skipped = {
         id(inner)

@@ -45,6 +45,11 @@ GROUND = {
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and
 # the config check, the plan and the report read them)
 DEFINITIONS = {"eval.suite.tasks"}
+# each architecture's shape (lmpipe/models/<arch>/shape.py): its settings and its parameter and
+# FLOPs counts, torch-free and importing only the ground, which the registry's entry points to
+# (torchtitan's ModelSpec: a model's parts in its package); the ground may import them, and so
+# the packages on their way import nothing heavy (test_the_snakefile_s_imports_pull_in_no_torch)
+SHAPES = {f"models.{p.parent.name}.shape" for p in PACKAGE.glob("models/*/shape.py")}
 # what each stage may import besides the ground: the stages whose work it consumes
 MAY_IMPORT = {
     "data": {"data"},
@@ -58,7 +63,7 @@ MAY_IMPORT = {
 
 def lmpipe_imports(path: Path) -> set[str]:
     """The first part after `lmpipe.` of every lmpipe import in a file (functions included),
-    a definition module's import left out."""
+    a definition module's and a shape module's import left out."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -67,7 +72,7 @@ def lmpipe_imports(path: Path) -> set[str]:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
-        names = [n for n in names if not any(_within(n, d) for d in DEFINITIONS)]
+        names = [n for n in names if not any(_within(n, d) for d in DEFINITIONS | SHAPES)]
         found |= {n.split(".")[1] for n in names if n.startswith("lmpipe.")}
     return found
 
@@ -94,6 +99,8 @@ def test_one_subpackage_a_stage_and_the_ground():
 def test_imports_only_go_down(path: Path):
     parts = path.relative_to(PACKAGE).parts
     allowed = GROUND | (MAY_IMPORT[parts[0]] if len(parts) > 1 else set())
+    if module_of(path).removeprefix("lmpipe.") in SHAPES:
+        allowed = GROUND  # the ground reads it
     wrong = lmpipe_imports(path) - allowed
     assert not wrong, (
         f"lmpipe/{'/'.join(parts)} imports lmpipe.{wrong} (allowed: {sorted(allowed)})"
@@ -118,10 +125,13 @@ def lmpipe_imports_of(path: Path) -> list[str]:
 
 
 def test_the_snakefile_s_imports_pull_in_no_torch():
-    """The ground the Snakefile imports at parse time, the definitions it reads included."""
+    """The ground the Snakefile imports at parse time, the definitions and the architectures'
+    shapes it reads included (each shape first: its packages' __init__ run before the ground)."""
+    assert {"models.gpt2.shape", "models.modern.shape", "models.hf.shape"} <= SHAPES
     code = (
         "import sys\n"
-        "import lmpipe.config, lmpipe.plan, lmpipe.costs, lmpipe.resources, lmpipe.registry\n"
+        + "".join(f"import lmpipe.{shape}\n" for shape in sorted(SHAPES))
+        + "import lmpipe.config, lmpipe.plan, lmpipe.costs, lmpipe.resources, lmpipe.registry\n"
         "import lmpipe.schema, lmpipe.sweeps, lmpipe.dag, lmpipe.cluster, lmpipe.pending\n"
         "heavy = sorted(m for m in ('torch', 'lm_eval', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"

@@ -33,7 +33,7 @@ from lmpipe.config import (
     TokenizeConfig,
     TrainConfig,
 )
-from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS, HFSettings
+from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
 from lmpipe.settings import section_schema
 
 HEADER = """\
@@ -128,7 +128,8 @@ def model_schema() -> dict[str, Any]:
     model_config checks them, naming the arch a key belongs to."""
     shape = section_schema(ModelConfig)
     arch = shape["properties"].pop("arch")
-    hf = _branch("arch", "hf", {"properties": section_schema(HFSettings)["properties"]})
+    hf_settings = ARCHITECTURES["hf"].settings  # its settings replace the shape (lmpipe.hf_config)
+    hf = _branch("arch", "hf", {"properties": section_schema(hf_settings)["properties"]})
     hf["then"]["required"] = ["path"]
     hf["else"] = {"properties": shape["properties"], "required": shape["required"]}
     return {
@@ -140,7 +141,7 @@ def model_schema() -> dict[str, Any]:
         + [
             _branch("arch", a.name, {"properties": section_schema(a.settings)["properties"]})
             for a in ARCHITECTURES.values()
-            if a.settings is not None and a.settings is not HFSettings
+            if a.settings is not None and a.name != "hf"
         ],
     }
 

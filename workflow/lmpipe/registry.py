@@ -12,8 +12,9 @@ Adding a part (docs/architecture.md walks through each):
   and its published figures in lmpipe/report/references.py; scored during training too, a
   `during_training` field in its settings and a `TrainingScorer` in its entry;
 - an optimizer: a settings dataclass and an `Optimizer` below, and its build function;
-- an architecture: a package under lmpipe/models/ and an `Architecture` below (and a settings
-  dataclass if its models have settings beyond the shape).
+- an architecture: a package under lmpipe/models/, its torch-free shape.py (its parameter and
+  FLOPs counts, and a settings dataclass if its models have settings beyond the shape) and an
+  `Architecture` below that points to them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import lmpipe.models.gpt2.shape as gpt2  # each architecture's shape: torch-free, for the ground
+import lmpipe.models.hf.shape as hf
+import lmpipe.models.modern.shape as modern
 from lmpipe.eval.suite import tasks as suite_tasks  # a definition module: torch-free, no lmpipe
-from lmpipe.hf_config import HFShape, read_shape
 from lmpipe.settings import optional, required, setting
 from lmpipe.throughputs import figure
 
@@ -34,6 +37,10 @@ from lmpipe.throughputs import figure
 
 @dataclass(frozen=True)
 class Architecture:
+    """An architecture: where its code is and, from its package's torch-free shape.py
+    (lmpipe/models/<name>/shape.py), its settings and how it counts its parameters and FLOPs
+    (torchtitan's ModelSpec: a model's parts named in one place)."""
+
     name: str
     # a package with `Model(config)` (an nn.Module; see lmpipe/models/__init__.py for what the
     # trainer and the evaluators call on it), `write_hf`/`load_hf` and, where the format can hold
@@ -43,6 +50,9 @@ class Architecture:
     # parameters of a model of this shape, without building it (the plan's FLOPs and bytes;
     # tests/test_model.py checks it against the model's own count)
     num_params: Callable[[Any], int]
+    # the 6LCT of llm.c's 6N + 6LCT for a sequence of seq_len: L the blocks with attention, C
+    # the width, T the keys a query sees (a sliding window's, where smaller)
+    attention_flops: Callable[[Any, int], int]
     # what convert writes of a run: "hf" (model/hf/, every architecture: the evaluations read it)
     # and "llmc" (model/llmc.bin, llm.c's format, which holds GPT-2 only)
     exports: tuple[str, ...] = ("hf",)
@@ -57,20 +67,13 @@ class Architecture:
     # the N of llm.c's 6N + 6LCT, the parameters that take part in a matmul, without torch;
     # None: all of num_params (GPT-2: its tied embedding is the head, its positions count)
     flops_params: Callable[[Any], int] | None = None
-    # the 6LCT of 6N + 6LCT for a sequence of seq_len, where the architecture counts it itself
-    # (a Hugging Face model's layers, each with its own window); None: attention_layers x C x T
-    attention_flops: Callable[[Any, int], int] | None = None
 
     def flops_per_token(self, m: Any, seq_len: int) -> int:
-        """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward; L the
-        blocks with attention): the one count of the plan, the MFU, the train priorities and the
-        sweep ladder's compute (the models' own flops_per_token call it; tests/test_flops.py
-        checks it). With a sliding window (a modern model's attention_window, growing to
-        attention_window_final) T is at most the largest window: the keys a query sees."""
+        """Training FLOPs a token by llm.c's formula, 6N + 6*L*C*T (forward and backward): the
+        one count of the plan, the MFU, the train priorities and the sweep ladder's compute (the
+        models' own flops_per_token call it; tests/test_flops.py checks it)."""
         n = (self.flops_params or self.num_params)(m)
-        if self.attention_flops is not None:
-            return 6 * n + self.attention_flops(m, seq_len)
-        return 6 * n + 6 * attention_layers(m) * m.n_embd * attention_context(m, seq_len)
+        return 6 * n + self.attention_flops(m, seq_len)
 
     def head_flops_per_token(self, m: Any) -> int:
         """The LM head's share of flops_per_token, 6 * V * C (V padded, as the head computes
@@ -85,163 +88,6 @@ def code(ref: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), function)
 
 
-def gpt2_params(m: Any) -> int:
-    """GPT-2's parameters: token (padded vocab) and position embeddings, L blocks of
-    12C^2 + 13C (attention and MLP weights, biases, two LayerNorms), the final LayerNorm; the
-    head is tied to the token embedding."""
-    C = m.n_embd
-    return m.padded_vocab_size * C + m.block_size * C + m.n_layer * (12 * C * C + 13 * C) + 2 * C
-
-
-@dataclass(frozen=True)
-class ModernSettings:
-    """model.arch modern: modded-nanogpt's speedrun choices, each a switch (an ablation is a
-    config change); the defaults are the modern model."""
-
-    rope: bool = setting(True, "rotary position embeddings (false: learned positions, as GPT-2)")
-    rope_base: float = setting(10000.0, "rotary base (theta)", exclusiveMinimum=0)
-    rope_frequencies: str = setting(
-        "all",
-        "all: head_dim / 2 frequencies base^(-2i / head_dim); half_truncated: modded-nanogpt's"
-        " (head_dim / 4 from 1 to 1/1024, the other half 0: those dimensions unrotated)",
-        enum=["all", "half_truncated"],
-    )
-    norm: str = setting(
-        "rmsnorm",
-        "rmsnorm (no weights, as modded-nanogpt) or layernorm (learned weight)",
-        enum=["rmsnorm", "layernorm"],
-    )
-    qk_norm: bool = setting(True, "RMS-normalise queries and keys per head before attention")
-    mlp: str = setting("relu2", "relu2 (ReLU squared) or gelu (tanh GELU)", enum=["relu2", "gelu"])
-    tie_embeddings: bool = setting(False, "the LM head is the token embedding (GPT-2: tied)")
-    zero_init: bool = setting(True, "zero-initialised attn/MLP output projections and LM head")
-    logit_softcap: float | None = setting(
-        15.0, "logits = cap * tanh(logits / cap) (null: off)", exclusiveMinimum=0
-    )
-    bias: bool = setting(False, "biases in the Linear layers (and LayerNorms)")
-    no_attention: tuple[int, ...] = setting(
-        (), "blocks without attention, by index (modded-nanogpt's 2025-01 records: [7])"
-    )
-    qkv: str = setting(
-        "fused",
-        "fused: one 3C x C c_attn, orthogonalised by Muon as one matrix; separate: c_q, c_k, c_v,"
-        " C x C each, each orthogonalised alone (modded-nanogpt's 2025-01 records)",
-        enum=["fused", "separate"],
-    )
-    unet_skips: bool = setting(
-        False,
-        "U-net skips: block n_layer/2 + i adds skip_weights[i] (learned, init 1) times the output"
-        " of block n_layer/2 - 1 - i (modded-nanogpt's 2025-01 records); needs an even n_layer",
-    )
-    value_embeddings: int = setting(
-        0,
-        "k token embeddings of values: blocks 0..k-1 and the last k mix table i into their"
-        " values, v = lambdas[0] v + lambdas[1] ve (learned, init 0.5, 0.5; the other blocks"
-        " lambdas[0] v), as modded-nanogpt's 2025-01 records (3); needs 2k <= n_layer",
-        minimum=0,
-    )
-    embedding_mix: bool = setting(
-        False,
-        "each block's input mixed with the normed embedding x0: lambdas[0] x + lambdas[1] x0"
-        " (learned, init 1, 0), as modded-nanogpt's 2025-01 records",
-    )
-    document_mask: bool = setting(
-        False,
-        "attention within documents only: a document starts at each end-of-text token, as"
-        " modded-nanogpt's 2025-01 records (its document_causal)",
-    )
-    attention_window: int | None = optional(
-        "a sliding window of whole 128-token blocks: a query sees keys of the blocks less than"
-        " attention_window / 128 behind its own (the records' block-wise window; a multiple of"
-        " 128); null: none",
-        minimum=128, multipleOf=128,
-    )  # fmt: skip
-    attention_window_final: int | None = optional(
-        "the window at the end of training: it grows from attention_window by whole blocks, the"
-        " records' int(((1 - x) 128 + x 1856) // 128) blocks at progress x for 128 -> 1792;"
-        " null: fixed",
-        minimum=128, multipleOf=128,
-    )  # fmt: skip
-    embed_init_std: float = setting(
-        0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
-        exclusiveMinimum=0,
-    )  # fmt: skip
-
-
-def attention_layers(m: Any) -> int:
-    """The blocks with attention: all of a GPT-2's, a modern model's less its `no_attention`."""
-    return m.n_layer - len(set(getattr(m, "no_attention", ())))
-
-
-def attention_matrices(m: Any) -> int:
-    """A modern block's attention matrices: c_attn (or c_q, c_k, c_v with `qkv: separate`) and
-    c_proj. The parameters are the same either way (3C^2)."""
-    return 4 if getattr(m, "qkv", "fused") == "separate" else 2
-
-
-def modern_scalars(m: Any) -> int:
-    """The modern model's learned scalars: the U-net's skip weights, one a decoder block; the
-    value mix, 2 an attention block with value embeddings; the embedding mix, 2 a block."""
-    skips = m.n_layer - m.n_layer // 2 if getattr(m, "unet_skips", False) else 0
-    values = 2 * attention_layers(m) if getattr(m, "value_embeddings", 0) else 0
-    return skips + values + (2 * m.n_layer if getattr(m, "embedding_mix", False) else 0)
-
-
-def value_embedding_params(m: Any) -> int:
-    """The value embeddings' parameters: k tables of the padded vocabulary (lookups)."""
-    return getattr(m, "value_embeddings", 0) * m.padded_vocab_size * m.n_embd
-
-
-def attention_context(m: Any, seq_len: int) -> int:
-    """The T of 6LCT: the row's seq_len, or the largest sliding window where smaller (the
-    window's 128-token blocks, whole, are what FlexAttention computes; a document mask's
-    savings depend on the data and are not counted)."""
-    window = getattr(m, "attention_window_final", None) or getattr(m, "attention_window", None)
-    return seq_len if window is None else min(seq_len, window)
-
-
-def modern_params(m: Any) -> int:
-    """The modern model's parameters: token embedding (padded vocab), learned positions without
-    rope, L blocks of an MLP (8C^2, with `bias` 5C) and, but in `no_attention`, attention
-    (4C^2, with `bias` 4C), each with its norm (layernorm: C, 2C with `bias`), the embedding's
-    and the final norm, and the LM head unless tied. RMSNorm and QK-norm have no weights."""
-    C, V = m.n_embd, m.padded_vocab_size
-    norm = 0 if m.norm == "rmsnorm" else C * (2 if m.bias else 1)  # a norm's parameters
-    mlp = 8 * C * C + (5 * C if m.bias else 0) + norm  # c_fc, c_proj, their norm
-    attention = 4 * C * C + (4 * C if m.bias else 0) + norm  # c_attn (or c_q, c_k, c_v), c_proj
-    head = 0 if m.tie_embeddings else V * C
-    positions = 0 if m.rope else m.block_size * C
-    blocks = m.n_layer * mlp + attention_layers(m) * attention
-    return (
-        V * C + positions + blocks + 2 * norm + head + modern_scalars(m) + value_embedding_params(m)
-    )
-
-
-def modern_flops_params(m: Any) -> int:
-    """The modern model's N for its FLOPs: its parameters less an untied token embedding (a
-    lookup, no matmul; tied, it is the head, and counts). Learned positions count, as llm.c
-    counts GPT-2's."""
-    embedding = 0 if m.tie_embeddings else m.padded_vocab_size * m.n_embd
-    return modern_params(m) - embedding - value_embedding_params(m)  # lookups, no matmul
-
-
-def hf_shape(m: Any) -> HFShape:
-    """An `arch: hf` model's measured shape (lmpipe.hf_config)."""
-    return read_shape(m.path, m.trust_remote_code)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HFSettings:
-    """model.arch hf: a Hugging Face decoder-only causal LM, by a local folder or a hub id. Its
-    shape is its config.json's (lmpipe.hf_config): a `models:` entry of this arch sets none."""
-
-    path: str = required("a local model folder, or a hub id (fetched by the download stage)")
-    revision: str | None = optional("the hub revision (a commit sha pins it); null: main")
-    trust_remote_code: bool = setting(
-        False, "run the model repo's own Python code (the report says so when on)"
-    )
-
-
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in (
@@ -249,31 +95,31 @@ ARCHITECTURES: dict[str, Architecture] = {
             "gpt2",
             "lmpipe.models.gpt2",
             "OpenAI's GPT-2 as llm.c trains it (learned positions)",
-            gpt2_params,
+            gpt2.num_params,
+            gpt2.attention_flops,
             exports=("hf", "llmc"),
-            hidden_matrices=lambda m: 4 * m.n_layer,  # c_attn, attn.c_proj, c_fc, mlp.c_proj
+            hidden_matrices=gpt2.hidden_matrices,
         ),
         Architecture(
             "modern",
             "lmpipe.models.modern",
             "modded-nanogpt's GPT: rotary, RMSNorm, QK-norm, ReLU^2, untied, soft-capped logits",
-            modern_params,
+            modern.num_params,
+            modern.attention_flops,
             exports=("hf",),  # a native folder (no Hugging Face class computes these logits)
-            settings=ModernSettings,
-            # as GPT-2's (the norms have no weights), but blocks without attention have 2 and
-            # separate queries, keys and values 2 more
-            hidden_matrices=lambda m: 2 * m.n_layer + attention_matrices(m) * attention_layers(m),
-            flops_params=modern_flops_params,
+            settings=modern.ModernSettings,
+            hidden_matrices=modern.hidden_matrices,
+            flops_params=modern.flops_params,
         ),
         Architecture(
             "hf",
             "lmpipe.models.hf",
             "a Hugging Face causal LM (any family transformers builds from its config.json),"
             " weights from safetensors",
-            lambda m: hf_shape(m).num_params,
-            settings=HFSettings,
-            flops_params=lambda m: hf_shape(m).flops_params,
-            attention_flops=lambda m, seq_len: hf_shape(m).attention_flops(seq_len),
+            hf.num_params,
+            hf.attention_flops,
+            settings=hf.HFSettings,
+            flops_params=hf.flops_params,
         ),
     )
 }

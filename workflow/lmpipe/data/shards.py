@@ -25,7 +25,9 @@ import numpy as np
 
 from lmpipe.files import atomic_file, read_json
 
-GPT2_EOT = 50256  # <|endoftext|>: a tokens manifest without "eot" is in GPT-2's tokens
+# GPT-2's <|endoftext|> id, defined here once (lmpipe.data.tokenizer's EOT_ID; the shards load
+# without tiktoken): a tokens manifest without "eot" is in GPT-2's tokens
+GPT2_EOT = 50256
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
+from lmpipe.data.shards import GPT2_EOT as EOT_ID
 from lmpipe.hf_folder import TOKENIZER_FILES, tokenizer_identity
 
 EOT = "<|endoftext|>"
-EOT_ID = 50256
 # The GPT-2 pre-tokenizer regex (tiktoken_ext.openai_public.r50k_pat_str).
 GPT2_PATTERN = (
     r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""

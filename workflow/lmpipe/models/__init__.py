@@ -21,83 +21,61 @@ nn.Module that knows nothing of parallelism and offers what the trainer and eval
 The package also brings its export adapters: `write_hf(model, tokenizer_dir, out_dir, meta)`,
 `load_hf(hf_dir)` and, where the format can hold it, `write_llmc(model, path)`. `write_hf` writes
 model/hf/: a transformers folder (GPT-2) or, where no transformers class computes the model's
-logits (modern), a native one; its config.json's `lmpipe_arch` tells `load_hf` below which.
+logits (modern), a native one; its config.json's `lmpipe_arch` tells `load_hf` (build.py) which.
 
-The final checkpoint (`train/final/`, written by lmpipe.train.checkpoint) is read here, in one
-process: `{"model": state dict}` as torch.distributed.checkpoint files, plus `meta.json`.
+And its shape, `shape.py`: torch-free, what the architecture is without building it: its
+parameters (`num_params`), the FLOPs' N where not all of them (`flops_params`), its attention
+FLOPs (`attention_flops`), Muon's matrices (`hidden_matrices`) and its settings dataclass, if its
+models have settings beyond the shape (modern's `ModernSettings`, hf's `HFSettings`). The
+registry's `Architecture` entry points to them, and the plan, the config check and the Snakefile
+read them through it, in a process without torch. So importing these packages imports nothing
+heavy: an architecture's package exports `Model` and its adapters lazily (`lazy_exports`, PEP
+562's module `__getattr__`: the torch code loads on first use), and so does this one, whose
+functions live in build.py (which imports the config and the registry: at the top here, a
+circle, since the registry imports the shape modules through this package).
+
+    models/__init__.py          build_model, load_final_checkpoint, load_hf, ...: lazily
+    models/build.py             those: a model by its architecture, fresh or read back
+    models/<arch>/__init__.py   Model, write_hf, load_hf, (write_llmc): lazily
+    models/<arch>/model.py      the nn.Module (torch)
+    models/<arch>/hf.py         its model/hf/ folder (hf: export.py)
+    models/<arch>/shape.py      its settings and counts, torch-free: the registry's entry
+
+The final checkpoint (`train/final/`, written by lmpipe.train.checkpoint) is read in build.py.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import warnings
-from pathlib import Path
-from types import ModuleType
+from collections.abc import Callable
 from typing import Any
-
-from lmpipe.config import ModelConfig, model_config
-from lmpipe.registry import ARCHITECTURES
 
 META_KEYS = ("run", "model", "train", "settings_hash", "step", "tokens", "world_size")
 LMPIPE_META = "lmpipe_meta.json"  # a converted folder's copy of the checkpoint's meta.json
 
 
-def architecture(name: str) -> ModuleType:
-    """The package of architecture `name`."""
-    if name not in ARCHITECTURES:
-        raise ValueError(f"unknown model.arch {name!r} (known: {', '.join(ARCHITECTURES)})")
-    return importlib.import_module(ARCHITECTURES[name].module)
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A package's `__getattr__` (PEP 562): each name of `exports` is imported from its
+    "module:attribute" when first asked for, so that importing the package (as the registry
+    does, for an architecture's shape.py) imports no torch. tests/test_envs.py reads a package's
+    EXPORTS to follow what a job that uses one of its names imports."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module, attribute = exports[name].split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    return __getattr__
 
 
-def build_model(config: ModelConfig) -> Any:
-    """A freshly initialised model of `config.arch` on the CPU."""
-    return architecture(config.arch).Model(config)
-
-
-def read_meta(final_dir: str | Path) -> dict:
-    path = Path(final_dir) / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: meta.json of the final checkpoint is missing")
-    meta = json.loads(path.read_text())
-    missing = [k for k in META_KEYS if k not in meta]
-    if missing:
-        raise ValueError(f"{path}: missing key(s) {', '.join(missing)}")
-    return meta
-
-
-def load_final_checkpoint(final_dir: str | Path) -> tuple[Any, dict]:
-    """The trained model (on the CPU, fp32) and its meta.json, from the DCP final checkpoint."""
-    import torch.distributed.checkpoint as dcp
-
-    meta = read_meta(final_dir)
-    model = build_model(model_config(meta["model"], f"{final_dir}/meta.json: model"))
-    state = model.state_dict()
-    # DCP loads in place into the tensors we hand it; one process, so no process group (DCP
-    # warns that it assumes exactly that).
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": state}, checkpoint_id=str(final_dir))
-    model.load_state_dict(state, strict=True)
-    return model.eval(), meta
-
-
-def load_hf(hf_dir: str | Path) -> Any:
-    """The native model of a Hugging Face folder that `convert` wrote (or OpenAI's `gpt2`)."""
-    hf_dir = Path(hf_dir)
-    config = hf_dir / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{config}: not a converted model folder (no config.json)")
-    cfg = json.loads(config.read_text())
-    return architecture(hf_arch(cfg)).load_hf(hf_dir)
-
-
-def hf_arch(cfg: dict) -> str:
-    """The architecture that loads a folder of this config.json: its `lmpipe_arch` (ours), else
-    a GPT-2 folder (ours, OpenAI's, a reference run's) the gpt2 architecture, else `hf`."""
-    return cfg.get("lmpipe_arch") or ("gpt2" if cfg.get("model_type", "gpt2") == "gpt2" else "hf")
-
-
-def read_hf_meta(hf_dir: str | Path) -> dict | None:
-    path = Path(hf_dir) / LMPIPE_META
-    return json.loads(path.read_text()) if path.is_file() else None
+EXPORTS = {
+    "architecture": "lmpipe.models.build:architecture",
+    "build_model": "lmpipe.models.build:build_model",
+    "hf_arch": "lmpipe.models.build:hf_arch",
+    "load_final_checkpoint": "lmpipe.models.build:load_final_checkpoint",
+    "load_hf": "lmpipe.models.build:load_hf",
+    "read_hf_meta": "lmpipe.models.build:read_hf_meta",
+    "read_meta": "lmpipe.models.build:read_meta",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)

@@ -1,7 +1,14 @@
-"""GPT-2 (`model.arch: gpt2`): the model and its Hugging Face and llm.c adapters."""
+"""GPT-2 (`model.arch: gpt2`): the model and its Hugging Face and llm.c adapters, each imported
+on first use (torch), and its torch-free shape (shape.py), which the registry reads."""
 
-from lmpipe.models.gpt2.hf import load_hf, write_hf
-from lmpipe.models.gpt2.llmc import read_llmc, write_llmc
-from lmpipe.models.gpt2.model import GPT as Model
+from lmpipe.models import lazy_exports
 
-__all__ = ["Model", "load_hf", "read_llmc", "write_hf", "write_llmc"]
+EXPORTS = {
+    "Model": "lmpipe.models.gpt2.model:GPT",
+    "load_hf": "lmpipe.models.gpt2.hf:load_hf",
+    "write_hf": "lmpipe.models.gpt2.hf:write_hf",
+    "read_llmc": "lmpipe.models.gpt2.llmc:read_llmc",
+    "write_llmc": "lmpipe.models.gpt2.llmc:write_llmc",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
+__all__ = sorted(EXPORTS)

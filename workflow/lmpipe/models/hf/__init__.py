@@ -1,6 +1,13 @@
-"""Any Hugging Face causal LM (`model.arch: hf`): the model and its export (save_pretrained)."""
+"""Any Hugging Face causal LM (`model.arch: hf`): the model and its export (save_pretrained),
+each imported on first use (torch, transformers), and its torch-free shape and settings
+(shape.py: the measured counts), which the registry reads."""
 
-from lmpipe.models.hf.export import load_hf, write_hf
-from lmpipe.models.hf.model import HFCausalLM as Model
+from lmpipe.models import lazy_exports
 
-__all__ = ["Model", "load_hf", "write_hf"]
+EXPORTS = {
+    "Model": "lmpipe.models.hf.model:HFCausalLM",
+    "load_hf": "lmpipe.models.hf.export:load_hf",
+    "write_hf": "lmpipe.models.hf.export:write_hf",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
+__all__ = sorted(EXPORTS)

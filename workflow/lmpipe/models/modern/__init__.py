@@ -1,6 +1,13 @@
-"""The modern GPT (`model.arch: modern`): the model and its native folder (no llm.c export)."""
+"""The modern GPT (`model.arch: modern`): the model and its native folder (no llm.c export),
+each imported on first use (torch), and its torch-free shape and settings (shape.py), which the
+registry reads."""
 
-from lmpipe.models.modern.hf import load_hf, write_hf
-from lmpipe.models.modern.model import ModernGPT as Model
+from lmpipe.models import lazy_exports
 
-__all__ = ["Model", "load_hf", "write_hf"]
+EXPORTS = {
+    "Model": "lmpipe.models.modern.model:ModernGPT",
+    "load_hf": "lmpipe.models.modern.hf:load_hf",
+    "write_hf": "lmpipe.models.modern.hf:write_hf",
+}
+__getattr__ = lazy_exports(__name__, EXPORTS)
+__all__ = sorted(EXPORTS)

@@ -1,7 +1,7 @@
 """A modern GPT: modded-nanogpt's speedrun choices in nanoGPT's shape. Knows nothing of parallelism.
 
 Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
-(lmpipe.registry; the defaults are the modern model, so an ablation is a config change):
+(shape.py, beside its counts; the defaults are the modern model, so an ablation is a config change):
 
 - rotary position embeddings on queries and keys (`rope`), no learned positions; all the
   frequencies, or modded-nanogpt's half-truncated ones (`rope_frequencies`);
