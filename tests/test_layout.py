@@ -26,6 +26,7 @@ GROUND = {
     "plan",
     "throughputs",
     "sweeps",
+    "bases",
     "dag",
     "costs",
     "resources",

@@ -270,7 +270,7 @@ def test_every_rule_of_the_workflow_is_costed():
     rules = {
         m.group(1)
         for smk in (REPO / "workflow" / "rules").glob("*.smk")
-        for m in re.finditer(r"^rule (\w+):", smk.read_text(), re.M)
+        for m in re.finditer(r"^(?:use )?rule (?:\w+ as )?(\w+)(?::| with:)", smk.read_text(), re.M)
     }
     assert rules == set(plan.RULE_COSTS)
 
@@ -396,9 +396,11 @@ def test_the_vicuna_7b_report_plans_with_its_base_not_yet_downloaded(config, tmp
     dag = target_jobs("results/report_vicuna-7b.html", workdir=make_workdir(tmp_path))
     jobs = jobs_of(config, dag)
     assert [name for name, j in jobs.items() if j.problems] == []
-    assert {"download_model", "prepare_conversations", "train"} <= {j.rule for j in jobs.values()}
-    params = lmconfig.conversations_params(config, config["runs"]["vicuna-7b"]["dataset"])
-    model = config["models"][config["runs"]["vicuna-7b"]["model"]]
+    rules = {j.rule for j in jobs.values()}
+    assert {"download_model", "prepare_conversations_for_model", "train"} <= rules
+    run = config["runs"]["vicuna-7b"]
+    params = lmconfig.conversations_params(config, run["dataset"], run["model"])
+    model = config["models"][run["model"]]
     assert f"{model['path']}@{model['revision']}" in params
     # the train job builds its model from that folder, not from the hub id
     job = json.loads(lmconfig.train_params(config, "vicuna-7b"))
