@@ -139,3 +139,38 @@ def test_validation_during_training_records_bytes_and_bits_per_byte(raw, tmp_pat
     run(cfg, manifest, tmp_path / "run")
     val = [m for m in metrics(tmp_path / "run") if "val_loss" in m]
     assert val and not any("val_bpb" in m or "val_bytes" in m for m in val)
+
+
+def test_a_mixtures_bits_per_byte_is_its_sources_weighted_by_the_mixture(raw, tmp_path):
+    """Each source scored with its own byte table; the mixture's figure is their mean by
+    weight, as its loss is; a source without a table leaves the mixture's None."""
+    from lmpipe.data.mixture import write_mixture
+    from lmpipe.eval.val_loss import evaluate
+    from lmpipe.registry import ValLossSettings
+
+    torch.manual_seed(0)
+    model = tmp_path / "hf"
+    write_hf(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=128)), TOKENIZER_DIR,
+             model, {"run": "t", "step": 0})  # fmt: skip
+    sources = {n: tokens_of(raw, TOKENIZER_DIR, tmp_path / n / "tokens") for n in ("a", "b")}
+    mix = tmp_path / "mix" / "tokens" / "manifest.json"
+    mix.parent.mkdir(parents=True)
+    write_mixture(mix, "mix", {"a": 3, "b": 1}, sources)
+    settings = ValLossSettings(tokens=1024, batch=4)
+    result = evaluate(settings, model, {"tokens": mix}, "cpu")
+    a, b = result["sources"]["a"], result["sources"]["b"]
+    for s in (a, b):
+        assert s["bits_per_byte"] == pytest.approx(
+            s["value"] * s["tokens"] / (s["bytes"] * math.log(2))
+        )
+    assert result["bits_per_byte"] == pytest.approx(
+        0.75 * a["bits_per_byte"] + 0.25 * b["bits_per_byte"]
+    )
+    assert result["bytes"] == a["bytes"] + b["bytes"]
+    old = json.loads(sources["b"].read_text())
+    del old["token_bytes"]
+    sources["b"].write_text(json.dumps(old))
+    result = evaluate(settings, model, {"tokens": mix}, "cpu")
+    assert result["sources"]["a"]["bits_per_byte"] is not None
+    assert result["sources"]["b"]["bits_per_byte"] is None
+    assert result["bits_per_byte"] is None and result["bytes"] is None
