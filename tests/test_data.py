@@ -307,7 +307,7 @@ def test_tokenize_reads_jsonl_and_replaces_old_shards(tmp_path, tiktoken_gpt2):
     assert m["documents"] == 4
     assert not (out / "stale_train_000009.bin").exists()
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [s["file"] for s in m["shards"]] + ["manifest.json"]
+        [s["file"] for s in m["shards"]] + ["manifest.json", "token_bytes.npy"]
     )
 
 

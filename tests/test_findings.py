@@ -265,7 +265,15 @@ def test_a_mixture_is_compared_on_each_val_shard_both_runs_were_scored_on():
     # the same text in a model's own tokens is other data than in GPT-2's: no pairing
     llama = run("l", scores(5.0, seed=4) | {"dataset": "embedded", "tokens_of": "llama"})
     (line,) = findings([base, llama])
-    assert "measured on different val data (embedded in llama's tokens and embedded)" in line
+    assert "in llama's tokens and GPT-2's tokens: not compared" in line
+    assert "bits per byte is missing" in line
+    # with the bytes each scored: compared in bits per byte, never in nats a token
+    bpb = {"bytes": 40_000, "bits_per_byte": 1.25}
+    llama.evals["val_loss"] |= bpb
+    base.evals["val_loss"] |= bpb | {"bits_per_byte": 1.5}
+    (line,) = findings([base, llama])
+    assert line.startswith("l: FineWeb val bits per byte 1.2500 against a's 1.5000 (-0.2500)")
+    assert "5.1" not in line and "8.9" not in line  # no loss in nats a token
     # two runs of one mixture: a line for each source
     mix2 = with_sources(
         run("m2"), "mix", {"embedded": shifted(embedded, -1.0, 3), "books": shifted(books, 1.0, 4)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import math
 import re
@@ -645,3 +646,54 @@ def test_a_reference_run_is_marked_measured_not_trained(layout: Layout, tmp_path
     model["trust_remote_code"] = True
     html = render(layout, {"a": settings(3e-3, device="cpu"), "ref": ref}, tmp_path)
     assert "trust_remote_code: on" in row_text(html, "headline-ref")
+
+
+def headline_cells(html: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The headline table's header labels and each run row's cells, as text."""
+    table = re.search(r'<table id="headline-table">(.*?)</table>', html, re.S).group(1)
+
+    def text(cell: str) -> str:
+        return html_lib.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", cell)).strip())
+
+    header = [text(c) for c in re.findall(r"<th>(.*?)</th>", table, re.S)]
+    rows = {
+        name: [text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", body, re.S)]
+        for name, body in re.findall(r'<tr id="headline-([^"]+)">(.*?)</tr>', table, re.S)
+    }
+    return header, rows
+
+
+def test_no_headline_column_mixes_two_tokenizers_losses(layout: Layout, tmp_path: Path) -> None:
+    """A val loss in nats a token is in one tokenizer's tokens: runs of GPT-2's tokens and of an
+    `arch: hf` model's own get a val-loss column each, labelled with whose tokens, each holding
+    only its own runs' losses; bits per byte is the one column both fill. Runs of one tokenizer
+    keep one unlabelled val-loss column, bits per byte beside it."""
+    from lmpipe.report.figures import loss_panels
+    from lmpipe.report.runs import load_run
+
+    write_run(layout, "gpt", val_loss=3.25)
+    write_run(layout, "llama", val_loss=2.125)
+    for name, bpb, of in (("gpt", 1.1, None), ("llama", 1.3, "mine")):
+        path = Path(layout.eval_dir(name)) / "val_loss.json"
+        result = json.loads(path.read_text()) | {"bytes": 100_000, "bits_per_byte": bpb}
+        path.write_text(json.dumps(result | ({"tokens_of": of} if of else {})))
+    runs = {"gpt": settings(3e-3), "llama": settings(1e-3) | {"tokens_of": "mine"}}
+    header, rows = headline_cells(render(layout, runs, tmp_path))
+    losses = [i for i, h in enumerate(header) if h.startswith("FineWeb val loss")]
+    assert [header[i] for i in losses] == [
+        "FineWeb val loss (in GPT-2's tokens)", "FineWeb val loss (in mine's tokens)",
+    ]  # fmt: skip
+    assert [rows["gpt"][i] for i in losses] == ["3.2500", "—"]
+    assert [rows["llama"][i] for i in losses] == ["—", "2.1250"]
+    bpb = header.index("FineWeb val bits per byte")
+    assert rows["gpt"][bpb] == "1.1000" and rows["llama"][bpb] == "1.3000"
+    # the curves: one panel a tokenizer for losses in nats a token
+    panels = loss_panels([load_run(layout, n, s) for n, s in runs.items()])
+    assert {k: [r.name for r in v] for k, v in panels.items()} == {
+        "toy, in GPT-2's tokens": ["gpt"], "toy, in mine's tokens": ["llama"],
+    }  # fmt: skip
+    # one tokenizer: one val-loss column, unlabelled, with bits per byte beside it
+    header, rows = headline_cells(render(layout, {"gpt": settings(3e-3)}, tmp_path))
+    assert [h for h in header if h.startswith("FineWeb val")] == [
+        "FineWeb val loss", "FineWeb val bits per byte",
+    ]  # fmt: skip

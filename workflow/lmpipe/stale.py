@@ -63,8 +63,10 @@ class Repair:
 
 def listed(manifest: dict) -> list[str]:
     """The files and folders a manifest lists beside itself: its `shards` and `files` (tokens,
-    raw text, conversations: {"file": name}) and its `tasks`' folders (the evaluation suite)."""
+    raw text, conversations: {"file": name}), a tokens manifest's `token_bytes` table and its
+    `tasks`' folders (the evaluation suite)."""
     entries = [e for key in ("shards", "files") for e in manifest.get(key) or []]
+    entries += [manifest.get("token_bytes")]  # a tokens manifest's byte table
     names = [e.get("file") for e in entries if isinstance(e, dict)]
     tasks = manifest.get("tasks")
     if isinstance(tasks, dict):

@@ -114,19 +114,26 @@ class ShardLoader:
 @dataclass
 class ValSet:
     """This rank's share of the val text: its batches and, for every target, the document it
-    belongs to. Documents are numbered over all ranks' text, so that each rank's per-document
-    sums add up, over the group, to the text's (lmpipe.eval.val_loss.Validation)."""
+    belongs to and the UTF-8 bytes of text it spells (for bits per byte; None where the data
+    has no byte table: conversations, or text tokenized before the table existed). Documents
+    are numbered over all ranks' text, so that each rank's per-document sums add up, over the
+    group, to the text's (lmpipe.eval.val_loss.Validation)."""
 
     batches: list[Batch]
     docs: list[torch.Tensor]  # (B, T) each, beside each batch's targets
     documents: int  # over all ranks
+    target_bytes: list[torch.Tensor] | None = None  # (B, T) each: each target's bytes
 
     def __add__(self, other: ValSet) -> ValSet:
         """Two texts scored together (a mixture's sources): the second's documents after the
-        first's."""
+        first's; bytes only where both have them."""
         shifted = [d + self.documents for d in other.docs]
+        both = self.target_bytes is not None and other.target_bytes is not None
         return ValSet(
-            self.batches + other.batches, self.docs + shifted, self.documents + other.documents
+            self.batches + other.batches,
+            self.docs + shifted,
+            self.documents + other.documents,
+            self.target_bytes + other.target_bytes if both else None,  # type: ignore[operator]
         )
 
 
@@ -138,6 +145,14 @@ def documents_of(tokens: torch.Tensor, eot: int) -> torch.Tensor:
     return doc_of - doc_of[0]
 
 
+def target_bytes(tokens: torch.Tensor, token_bytes: np.ndarray | None) -> torch.Tensor | None:
+    """The bytes of each target of a token stream (target i is token i + 1), by its id's entry
+    in `token_bytes` (None: no table, no bytes)."""
+    if token_bytes is None:
+        return None
+    return torch.from_numpy(token_bytes)[tokens[1:]]
+
+
 def val_batches(
     file: Path,
     micro_batch: int,
@@ -145,9 +160,11 @@ def val_batches(
     val_tokens: int,
     dp: dist.ProcessGroup | DataShare,
     eot: int,
+    token_bytes: np.ndarray | None = None,
 ) -> ValSet:
     """This rank's share (of the data-parallel group `dp`) of the first `val_tokens` tokens of
-    the validation shard, in whole steps of every rank's micro-batch; `eot` opens a document."""
+    the validation shard, in whole steps of every rank's micro-batch; `eot` opens a document;
+    `token_bytes` (each id's bytes, lmpipe.data.token_bytes) gives each target's bytes."""
     rank, world_size = share_of(dp)
     tokens = read_shard(file)
     B, T = micro_batch, seq_len
@@ -159,7 +176,8 @@ def val_batches(
         )
     scored = torch.from_numpy(tokens[: steps * per_step + 1].astype(np.int64))
     doc_of = documents_of(scored, eot)
-    batches, docs = [], []
+    bytes_of = target_bytes(scored, token_bytes)
+    batches, docs, byts = [], [], []
     for i in range(steps):
         start = (i * world_size + rank) * B * T
         # a batch's own storage, of B * T + 1 tokens as a training batch's: a compiled model
@@ -168,4 +186,6 @@ def val_batches(
         buf = scored[start : start + B * T + 1].clone()
         batches.append((buf[:-1].view(B, T), buf[1:].view(B, T)))
         docs.append(doc_of[start : start + B * T].view(B, T))
-    return ValSet(batches, docs, int(doc_of[-1]) + 1)
+        if bytes_of is not None:
+            byts.append(bytes_of[start : start + B * T].view(B, T))
+    return ValSet(batches, docs, int(doc_of[-1]) + 1, byts if bytes_of is not None else None)

@@ -141,5 +141,6 @@ def mixture_val_batches(
     for s in mixture.sources:
         tokens = max(per_batch, round(val_tokens * s.weight / per_batch) * per_batch)
         file = s.tokens.files("val")[0]
-        val += val_batches(file, micro_batch, seq_len, tokens, dp, s.tokens.eot)
+        table = s.tokens.byte_table()  # each source its own
+        val += val_batches(file, micro_batch, seq_len, tokens, dp, s.tokens.eot, table)
     return val

@@ -12,8 +12,9 @@ header and check magic, version and size (llm.c's `train_gpt2.py` and `train_lla
 `_load_data_shard` check the same), naming the file when one is wrong.
 
 A tokenized dataset's `manifest.json` lists its shards in order, each with its split, tokens and
-sha256; `read_manifest` is its one reader (the loaders, the val-loss evaluation, the data's
-identity in the settings hash).
+sha256, and the file of each token id's bytes (`token_bytes`, lmpipe.data.token_bytes; absent
+in data tokenized before it); `read_manifest` is its one reader (the loaders, the val-loss
+evaluation, the data's identity in the settings hash).
 """
 
 from __future__ import annotations
@@ -156,6 +157,9 @@ class TokensManifest:
     path: Path
     shards: list[ManifestShard]
     eot: int = GPT2_EOT  # the end-of-text id that opens each document (absent: GPT-2's)
+    # each token id's UTF-8 bytes (lmpipe.data.token_bytes); None: tokenized before the table
+    # was written, and its val losses have no bits per byte
+    token_bytes: Path | None = None
 
     def files(self, split: str) -> list[Path]:
         """The shard files of `split` ('train' or 'val'), in order; none is an error."""
@@ -167,6 +171,13 @@ class TokensManifest:
     def identity(self) -> list[str]:
         """The shards' identities, in order: the data's, in a run's settings hash."""
         return [s.identity for s in self.shards]
+
+    def byte_table(self) -> np.ndarray | None:
+        """Each token id's bytes (int64), or None where the manifest names no table."""
+        if self.token_bytes is None:
+            return None
+        table = np.load(self.token_bytes, allow_pickle=False)
+        return table.astype(np.int64)
 
 
 def read_manifest(path: str | Path) -> TokensManifest:
@@ -184,4 +195,6 @@ def read_manifest(path: str | Path) -> TokensManifest:
             f"{path}: not a tokens manifest (`shards`, each with `file` and `split`;"
             f" {type(e).__name__}: {e})"
         ) from None
-    return TokensManifest(path, shards, data.get("eot", GPT2_EOT))
+    table = data.get("token_bytes")
+    table_file = path.parent / table["file"] if isinstance(table, dict) else None
+    return TokensManifest(path, shards, data.get("eot", GPT2_EOT), table_file)

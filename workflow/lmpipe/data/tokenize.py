@@ -15,6 +15,10 @@ number of workers. The reading and the writing stay on the main thread, which ca
 however many workers encode (lmpipe.costs plans with that cap; benchmarks/tokenize_bench.py
 measures it).
 
+Beside the shards, `token_bytes.npy` holds each token id's length in UTF-8 bytes (special tokens
+0: lmpipe.data.token_bytes), which the manifest names: scoring turns a loss into bits per byte
+with it, and needs no tokenizer.
+
 Shards are written into a temporary folder that replaces the output folder at the end, so an
 interrupted run never leaves a mix of old and new shards.
 
@@ -46,6 +50,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from lmpipe.config import TokenizeConfig, build
+from lmpipe.data import token_bytes
 from lmpipe.data.shards import ShardFormat, header_bytes, read_shard, shard_format
 from lmpipe.data.tokenizer import Tokenizer, load_tokenizer
 from lmpipe.files import atomic_dir, atomic_file
@@ -244,12 +249,14 @@ def tokenize(
             writer.write(tokens)
             docs += n
         writer.flush()
+        table, how = token_bytes.token_bytes(enc)  # each id's UTF-8 bytes: bits per byte
 
         manifest = {
             "dataset": cfg.dataset,
             "tokenizer": enc.name,  # "gpt2", or "hf <sha256 of its files>"
             **({"tokens_of": tokens_of} if tokens_of else {}),
             "eot": enc.eot_token,
+            "token_bytes": {"file": token_bytes.save(table, tmp), "how": how},
             "documents": docs,
             "shard_tokens": cfg.shard_tokens,
             "shards": writer.shards,

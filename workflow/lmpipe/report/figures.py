@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # noqa: E402  a definition module
 from lmpipe.report.references import references_with  # noqa: E402
-from lmpipe.report.runs import Run  # noqa: E402
+from lmpipe.report.runs import Run, tokens_name, tokens_of  # noqa: E402
 
 
 def _png(fig: plt.Figure) -> str:
@@ -37,12 +37,18 @@ def _reference_lines(ax: plt.Axes, refs: list[tuple[str, float]]) -> None:
 
 
 def loss_panels(runs: list[Run]) -> dict[str, list[Run]]:
-    """The runs with losses logged, by the dataset their losses are on (one panel each)."""
-    panels: dict[str, list[Run]] = {}
+    """The runs with losses logged, by the dataset their losses are on and, where they differ,
+    whose tokens (one panel each): a loss in nats a token of one tokenizer is not on the scale
+    of another's, so no panel holds two."""
+    panels: dict[tuple[str, str | None], list[Run]] = {}
     for r in runs:
         if r.train or r.val:
-            panels.setdefault(r.train_data, []).append(r)
-    return panels
+            panels.setdefault((r.train_data, tokens_of(r)), []).append(r)
+    datasets = [dataset for dataset, _ in panels]
+    return {
+        dataset if datasets.count(dataset) == 1 else f"{dataset}, in {tokens_name(of)}": panel
+        for (dataset, of), panel in panels.items()
+    }
 
 
 def loss_figure(runs: list[Run]) -> str | None:
@@ -65,16 +71,44 @@ def loss_figure(runs: list[Run]) -> str | None:
                 ys = [row["val_loss"] for row in r.val]
                 ax.plot(xs, ys, "o-", color=colors[r.name], ms=4, lw=2, label=f"{r.name} val")
         kind = "chat fine-tuning" if all(r.fine_tuned for r in panel) else "pretraining"
-        if kind == "pretraining":  # the published FineWeb val losses
-            refs = references_with("val_loss")
+        if kind == "pretraining" and tokens_of(panel[0]) is None:  # the published FineWeb val
+            refs = references_with("val_loss")  # losses, in GPT-2's tokens
             _reference_lines(
                 ax, [(f"{r.name}: {r.figures['val_loss']}", r.figures["val_loss"]) for r in refs]
             )
         ax.set(
             xlabel="tokens trained",
-            ylabel="loss (nats a token)",
+            ylabel=f"loss (nats a token, {tokens_name(tokens_of(panel[0]))})",
             title=f"Train and val loss on {dataset} ({kind})",
         )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return _png(fig)
+
+
+def bpb_figure(runs: list[Run]) -> str | None:
+    """Val loss in bits per byte against tokens trained, one panel a dataset, runs of every
+    tokenizer on one axis (bits per byte is in none's units); None unless a pretraining run
+    logged it (data tokenized with its byte table)."""
+    panels: dict[str, list[Run]] = {}
+    for r in runs:
+        if not r.fine_tuned and any(row.get("val_bpb") is not None for row in r.val):
+            panels.setdefault(r.train_data, []).append(r)
+    if not panels:
+        return None
+    colors = _colors(runs)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.8 * len(panels)), squeeze=False)
+    for ax, (dataset, panel) in zip(axes[:, 0], panels.items(), strict=True):
+        for r in panel:
+            rows = [row for row in r.val if row.get("val_bpb") is not None]
+            label = f"{r.name} val" + (f" ({tokens_name(tokens_of(r))})" if tokens_of(r) else "")
+            ax.plot([row["tokens"] for row in rows], [row["val_bpb"] for row in rows], "o-",
+                    color=colors[r.name], ms=4, lw=2, label=label)  # fmt: skip
+        units = {tokens_of(r) for r in panel}
+        xlabel = "tokens trained" + (" (each run's own tokens)" if len(units) > 1 else "")
+        ax.set(xlabel=xlabel, ylabel="val loss (bits a byte of text)",
+               title=f"Val bits per byte on {dataset}")  # fmt: skip
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()

@@ -12,9 +12,13 @@
   never the training's noise, and the line says so: one seed each, not yet a verdict on the
   recipes. A mixture's runs are compared on each val shard both were scored on (its sources'),
   never across different data.
+- Recipes whose val losses are in different tokenizers' tokens (an `arch: hf` model's own and
+  GPT-2's): compared in bits per byte, the one figure of both (lmpipe.eval.val_loss), never in
+  nats a token.
 - A fine-tuned run whose FineWeb val loss is above an untrained model's: ln V, the loss of a
   uniform guess over its own vocabulary of V tokens (GPT-2's 50,257: 10.82; a fresh model's is
-  about that, 10.84 at step 0 of the demo).
+  about that, 10.84 at step 0 of the demo), also said in bits per byte of the text scored where
+  its bytes are known.
 - Chat replies that repeat across different prompts.
 - Attempts that resumed past an unusable checkpoint, and the steps that cost.
 - A model that ran code shipped in its folder (`arch: hf` with `trust_remote_code: true`).
@@ -28,7 +32,7 @@ import statistics
 from typing import Any
 
 from lmpipe import stats
-from lmpipe.report.runs import Run, by_recipe, flatten, pairs, used_settings
+from lmpipe.report.runs import Run, by_recipe, flatten, pairs, tokens_name, used_settings
 from lmpipe.stats import LEVEL
 
 GPT2_VOCAB = 50257  # a run whose model's vocabulary is not on record is in GPT-2's tokens
@@ -46,6 +50,15 @@ def vocabulary(run: Run) -> int:
 def untrained_loss(run: Run) -> float:
     """ln V: the loss of a uniform guess over the run's own vocabulary."""
     return math.log(vocabulary(run))
+
+
+def untrained_bpb(run: Run) -> float | None:
+    """ln V in bits per byte of the run's val text: ln V * tokens / (bytes * ln 2), where its
+    val_loss result knows the bytes it scored (None where not)."""
+    result = run.evals.get("val_loss", {})
+    if not result.get("bytes") or not result.get("tokens"):
+        return None
+    return untrained_loss(run) * result["tokens"] / (result["bytes"] * math.log(2))
 
 
 def val_views(result: dict[str, Any]) -> dict[str | None, dict[str, Any]]:
@@ -191,6 +204,8 @@ def recipe_lines(name: str, mine: list[Run], base: str, theirs: list[Run]) -> li
     b = [r.evals["val_loss"] for r in theirs if r.evals.get("val_loss")]
     if not a or not b:
         return []
+    if {x.get("tokens_of") for x in a} != {x.get("tokens_of") for x in b}:
+        return [across_tokenizers(name, mine, a, base, theirs, b)]
     ta, tb = tokens_trained(mine[0]), tokens_trained(theirs[0])
     if ta is not None and tb is not None and ta != tb:
         return [at_equal_tokens(name, mine, base, theirs, ta, tb)]
@@ -222,6 +237,40 @@ def recipe_lines(name: str, mine: list[Run], base: str, theirs: list[Run]) -> li
                 f" needs two a side ({what})."
             )
     return lines
+
+
+def across_tokenizers(
+    name: str,
+    mine: list[Run],
+    a: list[dict[str, Any]],
+    base: str,
+    theirs: list[Run],
+    b: list[dict[str, Any]],
+) -> str:
+    """Two recipes whose val losses are in different tokenizers' tokens: compared in bits per
+    byte (lmpipe.eval.val_loss), never in nats a token; tokens trained are each in their own
+    tokens, so no equal-tokens point exists. Over seeds where both are replicated; two single
+    runs get no interval (their tokens are other sequences of the documents, not paired)."""
+    units = f"in {tokens_name(a[0].get('tokens_of'))} and {tokens_name(b[0].get('tokens_of'))}"
+    ta, tb = tokens_trained(mine[0]), tokens_trained(theirs[0])
+    trained = "" if ta is None or tb is None else f"; trained {ta:,} and {tb:,} of their tokens"
+    what = f"{differing(mine[0], theirs[0])}; val losses {units}{trained}"
+    on = "FineWeb val bits per byte"
+    if any(x.get("bits_per_byte") is None for x in a + b):
+        return (
+            f"{name}: val loss {a[0]['value']:.4f} against {base}'s {b[0]['value']:.4f}, {units}:"
+            f" not compared (a nats-a-token loss depends on the tokenizer, and bits per byte is"
+            f" missing: data tokenized before its byte table; {what})."
+        )
+    sa = [{"value": x["bits_per_byte"]} for x in a]
+    sb = [{"value": x["bits_per_byte"]} for x in b]
+    if len(sa) > 1 and len(sb) > 1:
+        return over_seeds(name, sa, base, sb, on, what)
+    return (
+        f"{name}: {on} {mean(sa):.4f} against {base}'s {mean(sb):.4f}"
+        f" ({mean(sa) - mean(sb):+.4f}): no interval (one seed a side, and two tokenizations"
+        f" of the val text have no documents' scores to pair; {what})."
+    )
 
 
 def mean(results: list[dict[str, Any]]) -> float:
@@ -306,9 +355,12 @@ def lost_pretraining(run: Run, runs: list[Run]) -> str | None:
     base = next((r for r in runs if r.name == base_name), None)
     base_loss = base.evals.get("val_loss", {}).get("value") if base else None
     was = f"; its base {base_name} had {base_loss:.2f}" if base_loss is not None else ""
+    bpb = untrained_bpb(run)
+    per_byte = f", {bpb:.2f} bits per byte of the text scored" if bpb is not None else ""
     return (
         f"{run.name} lost its pretraining: its FineWeb val loss {loss:.2f} is above an untrained"
-        f" model's ({uniform:.2f}, a uniform guess over its {vocabulary(run):,} tokens){was}."
+        f" model's ({uniform:.2f}, a uniform guess over its {vocabulary(run):,} tokens{per_byte})"
+        f"{was}."
     )
 
 

@@ -30,6 +30,7 @@ from lmpipe.job_params import PREFIX
 from lmpipe.paths import REPORT_TEMPLATES, Layout
 from lmpipe.report.comparison import compare
 from lmpipe.report.figures import (
+    bpb_figure,
     hellaswag_figure,
     loss_figure,
     lr_figure,
@@ -49,6 +50,7 @@ from lmpipe.report.runs import (
     load_run,
     produced_by,
     recipe_headlines,
+    unit_columns,
     used_settings,
 )
 from lmpipe.report.sweep import fmt_sci, sweep_context
@@ -263,7 +265,7 @@ def cpu_trained(runs: list[Run]) -> list[str]:
 
 def headline_references(runs: list[Run]) -> list[Any]:
     """The headline's references: those with a figure of its columns or a training budget."""
-    columns = headline_columns(runs)
+    columns = unit_columns(runs, headline_columns(runs))
     return [r for r in REFERENCES if r.tokens or any(c.key in r.figures for c in columns)]
 
 
@@ -300,6 +302,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         )
     figures = {
         "loss": loss_figure(runs),
+        "bpb": bpb_figure(runs),
         "wall": wall_figure(runs),
         "lr": lr_figure(runs),
         "throughput": throughput_figure(runs),
@@ -318,7 +321,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         price_label=price_label(setting),
         findings=findings(runs, params.get("compare")),
         runs=runs,
-        columns=headline_columns(runs),
+        columns=unit_columns(runs, headline_columns(runs)),
         headlines=headlines,
         plan=plan_rows(runs, headlines, plan or {}),
         restarts=restart_rows(runs),

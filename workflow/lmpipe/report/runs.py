@@ -190,7 +190,7 @@ def headline(run: Run, gpu_hour_price: float | None) -> dict[str, Any]:
     for name, evaluation in EVALUATIONS.items():
         for column in evaluation.columns:
             metrics[column.key] = run.evals.get(name, {}).get(column.field)
-    notes = {}
+    notes: dict[str, str | None] = {}
     sources = run.evals.get("val_loss", {}).get("sources")
     if sources:  # a mixture's: not one shard's loss
         notes["val_loss"] = f"weighted mean of {len(sources)} sources (Data table)"
@@ -198,6 +198,17 @@ def headline(run: Run, gpu_hour_price: float | None) -> dict[str, Any]:
         # before the val_loss evaluation ran: the last val loss logged in training (a fine-tuning
         # run's is on conversations, not the text dataset)
         metrics["val_loss"], notes["val_loss"] = run.val[-1]["val_loss"], "during training"
+        metrics[BPB.key] = run.val[-1].get("val_bpb")
+        notes[BPB.key] = "during training" if metrics[BPB.key] is not None else None
+    else:
+        metrics[BPB.key] = run.evals.get("val_loss", {}).get(BPB.field)
+        if metrics[BPB.key] is None and "val_loss" in run.evals:
+            notes[BPB.key] = "no byte table: data tokenized before it"
+    # a loss in nats a token is in one tokenizer's tokens: its key says whose (loss_key)
+    key = loss_key(tokens_of(run))
+    if key != "val_loss":
+        metrics[key] = metrics.pop("val_loss", None)
+        notes[key] = notes.pop("val_loss", None)
     wall_s = meta.get("wall_s", last.get("wall_s"))
     world_size = meta.get("world_size", (run.provenance or {}).get("world_size"))
     device = run.settings.get("launch", {}).get("device")
@@ -278,6 +289,47 @@ def headline_columns(runs: list[Run]) -> list[Column]:
     the FineWeb val loss always (training logs it too)."""
     names = {e for r in runs for e in r.settings.get("evaluations", [])} | {"val_loss"}
     return [c for name, e in EVALUATIONS.items() if name in names for c in e.columns]
+
+
+# ----------------------------------------------------------------------------------------------
+# units: a loss in nats a token is in one tokenizer's tokens; bits per byte is in none
+
+# the val loss in bits per byte (lmpipe.eval.val_loss): the column runs of any tokenizers share
+BPB = Column("val_bpb", "FineWeb val bits per byte", "bits_per_byte", "loss")
+
+
+def tokens_of(run: Run) -> str | None:
+    """Whose tokens a run's val loss is in: an `arch: hf` model's own (its `models:` name, as
+    its val_loss result or its settings say), or None for GPT-2's."""
+    return run.evals.get("val_loss", {}).get("tokens_of") or run.settings.get("tokens_of")
+
+
+def tokens_name(of: str | None) -> str:
+    return "GPT-2's tokens" if of is None else f"{of}'s tokens"
+
+
+def loss_key(of: str | None) -> str:
+    """The headline key of a val loss in `of`'s tokens: GPT-2's keeps `val_loss` (the published
+    figures' key, lmpipe.report.references, all in GPT-2's tokens)."""
+    return "val_loss" if of is None else f"val_loss@{of}"
+
+
+def unit_columns(runs: list[Run], columns: list[Column]) -> list[Column]:
+    """`columns` with the val loss split by tokenizer, a column for each one the runs' val
+    losses are in and labelled with it where it is not GPT-2's or they differ, so that no column
+    holds losses in two tokenizers' tokens; bits per byte beside them, the one compared across
+    tokenizers."""
+    units = sorted({tokens_of(r) for r in runs}, key=lambda of: (of is not None, of or ""))
+    out = []
+    for c in columns:
+        if c.key != "val_loss":
+            out.append(c)
+            continue
+        for of in units:
+            label = c.label if units == [None] else f"{c.label} (in {tokens_name(of)})"
+            out.append(Column(loss_key(of), label, c.field, c.fmt))
+        out.append(BPB)
+    return out
 
 
 def chat_comparison(runs: list[Run]) -> dict[str, Any] | None:

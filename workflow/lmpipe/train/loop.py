@@ -406,12 +406,19 @@ class Trainer:
 
     def validate(self) -> None:
         """The val loss (lmpipe.eval.val_loss.score, the evaluation's own scoring), with each
-        document's summed loss and tokens: the report compares runs at equal tokens on them."""
+        document's summed loss and tokens: the report compares runs at equal tokens on them;
+        where the val data has a byte table, the bytes scored and bits per byte too (runs of
+        different tokenizers compare on it; conversations have none)."""
         self.set_progress()
         s = val_loss.score(self.model, self.task.val, self.d.device, self.d.group)
         documents = {"losses": [round(x, 6) for x in s.doc_losses], "tokens": s.doc_tokens}
-        self.write({"val_loss": s.loss, "val_documents": documents})
-        self.say(f"val loss {s.loss:.4f}")
+        line: dict[str, Any] = {"val_loss": s.loss}
+        if s.bytes:
+            documents["bytes"] = s.doc_bytes
+            line |= {"val_bytes": s.bytes, "val_bpb": s.bits_per_byte}
+        self.write(line | {"val_documents": documents})
+        bpb = f", {s.bits_per_byte:.4f} bits per byte" if s.bytes else ""
+        self.say(f"val loss {s.loss:.4f}{bpb}")
 
     def evaluate(self) -> None:
         """The evaluators due at this step, each a metrics line; their cost printed as a share

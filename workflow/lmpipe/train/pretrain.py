@@ -46,7 +46,10 @@ def pretraining(
         shards.files("train"), tc.micro_batch, tc.seq_len, tc.batch_tokens, d.group
     )
     val_file = shards.files("val")[0]
-    val = val_batches(val_file, tc.micro_batch, tc.seq_len, tc.val_tokens, d.group, shards.eot)
+    val = val_batches(
+        val_file, tc.micro_batch, tc.seq_len, tc.val_tokens, d.group, shards.eot,
+        shards.byte_table(),
+    )  # fmt: skip
     return Task(train=tc, loader=loader, val=val, data_identity=shards.identity())
 
 

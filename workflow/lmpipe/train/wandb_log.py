@@ -59,7 +59,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     out = {}
     for key, value in record.items():
         if key not in NOT_SCALARS and value is not None:
-            prefix = group or ("val" if key == "val_loss" else "train")
+            prefix = group or ("val" if key.startswith("val_") else "train")
             if isinstance(value, dict):  # a mixture's figures by source: train/tokens_by_source/a
                 out |= {f"{prefix}/{key}/{k}": v for k, v in value.items()}
             else:
