@@ -70,8 +70,12 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
         "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),
     "prepare_conversations_for_model": lambda c, w, gpu, cpus: Job(
-        "prepare_conversations_for_model", f"{w['dataset']}/{w['model']}", "cpu",
-        mem_mb=8000, estimate_s=60, limit_min=120,
+        "prepare_conversations_for_model",
+        f"{w['dataset']}/{w['model']}",
+        "cpu",
+        mem_mb=8000,
+        estimate_s=60,
+        limit_min=120,
     ),  # fmt: skip
     "train": lambda c, w, gpu, cpus: costs.train_job(c, w["run"], gpu),
     "download_model": lambda c, w, gpu, cpus: costs.download_model_job(c, w["model"]),
