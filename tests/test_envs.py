@@ -84,9 +84,10 @@ DISPATCH = {
 OPTIONAL = {"wandb": "lmpipe.train.wandb_log"}  # logging.wandb: the [wandb] extra
 
 
-# functions whose imports no job's env needs: they run in the process that checks the config
-# (Snakemake's own), whose result its jobs read from a cache (LMPIPE_HF_SHAPES)
-PARSE_TIME_ONLY = {("hf_config.py", "measure")}
+# functions whose imports (and modules they start) no job's env needs: they run in the process
+# that checks the config (Snakemake's own), whose result its jobs read from a cache
+# (LMPIPE_HF_SHAPES)
+PARSE_TIME_ONLY = {("hf_config.py", "measure"), ("hf_config.py", "check_tokenizer")}
 
 
 def module_imports(*modules: str) -> set[str]:
@@ -134,6 +135,12 @@ def import_names(source: Path, outside: set[str]) -> list[str]:
         if isinstance(node, ast.FunctionDef) and (source.name, node.name) in PARSE_TIME_ONLY
         for inner in ast.walk(node)
     }
+    started = {  # the modules those functions start (`python -m ...`)
+        node.value
+        for node in ast.walk(tree)
+        if id(node) in skipped and isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    found_lmpipe = [m for m in found_lmpipe if m not in started]
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue

@@ -164,6 +164,35 @@ def test_a_tokenizer_that_cannot_write_the_template_is_refused(tmp_path):
         prepare([], cfg, load_tokenizer(tmp_path))
 
 
+@pytest.mark.parametrize("problem", ["no eos", "no template"])
+def test_a_tokenizer_the_jobs_cannot_use_is_refused_before_any_job(hf_dirs, tmp_path, problem):
+    """A base folder whose tokenizer has no eos, or cannot write the Vicuna template, is one line
+    naming the model and the folder when the config is checked (AutoTokenizer in a subprocess),
+    before any job; the folder is left as it was."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from conftest import make_workdir
+    from lmpipe import schema
+    from lmpipe.config import ConfigError
+
+    folder = tmp_path / "base"
+    shutil.copytree(hf_dirs["llama"], folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    words = {"<unk>": 0, "</s>": 1, "USER:": 2, "Hi": 3}  # no "ASSISTANT:"
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    eos = {} if problem == "no eos" else {"eos_token": "</s>"}
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", **eos).save_pretrained(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    config = chat_config(make_workdir(tmp_path / "wd"), folder)
+    says = "has no eos token" if problem == "no eos" else "cannot express the Vicuna template"
+    with pytest.raises(ConfigError, match=rf"^models\.mine: {folder}: .*{says}"):
+        schema.validate(config)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
 # ---- the tokenizer follows the model ------------------------------------------------------------
 
 
@@ -442,8 +471,8 @@ def test_a_llama_continues_pretraining_on_text_in_its_own_tokens(hf_dirs, tmp_pa
     run["train"] |= {"max_steps": 4, "val_every": 2, "checkpoint_every": 2, "val_tokens": 4096}
     run["eval"] = {
         "val_loss": {"tokens": 8192},
-        "hellaswag": {"file": "embedded", "during_training": {"every": 0}},
-        "suite": {"during_training": {"every": 0}},
+        "hellaswag": {"file": "embedded", "during_training": {"every": 2, "items": 8}},
+        "suite": {"during_training": {"every": 2, "tasks": ["arc_easy"], "items": 8}},
     }
     config["runs"]["llama-cpt"] = run
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -466,6 +495,29 @@ def test_a_llama_continues_pretraining_on_text_in_its_own_tokens(hf_dirs, tmp_pa
     steps = [json.loads(x) for x in (workdir / "results/runs/llama-cpt/train/metrics.jsonl")
              .read_text().splitlines()]  # fmt: skip
     assert [r["step"] for r in steps if "loss" in r][-1] == 4
+    # HellaSwag and the suite during training, in the Llama's tokens: at the last step, the
+    # native scorers' counts on the final weights
+    from lmpipe.data.tokenizer import load_tokenizer
+    from lmpipe.eval import hellaswag
+    from lmpipe.eval.suite import data as suite_data
+    from lmpipe.eval.suite import native
+    from lmpipe.models import load_final_checkpoint
+
+    last = [r for r in steps if "hellaswag" in r][-1]
+    assert last["step"] == 4 and last["hellaswag_items"] == 8
+    from conftest import RESOURCES
+
+    model, _ = load_final_checkpoint(workdir / "results/runs/llama-cpt/train/final")
+    model.eval()
+    llama = load_tokenizer(base)
+    items = hellaswag.load_items(RESOURCES / "hellaswag_val_sample.jsonl", 8)
+    score = native.score_task(model, hellaswag.task_data(items, llama, "llmc"), llama,
+                              show_progress=False)  # fmt: skip
+    assert last["hellaswag"] == sum(score.acc_norm) / 8
+    arc = suite_data.load_task(workdir / "results/data/eval_suite/manifest.json", "arc_easy", 8)
+    score = native.score_task(model, arc, llama, show_progress=False)
+    last = [r for r in steps if "suite/arc_easy" in r][-1]
+    assert last["step"] == 4 and last["suite/arc_easy"] == sum(score.acc_norm) / 8
 
     def tokenizes(changed: dict) -> bool:
         jobs = planned(workdir, changed, [target])
@@ -479,6 +531,44 @@ def test_a_llama_continues_pretraining_on_text_in_its_own_tokens(hf_dirs, tmp_pa
     settings["model_max_length"] = 64  # the same folder, its tokenizer changed
     (base / "tokenizer_config.json").write_text(json.dumps(settings))
     assert tokenizes(config)
+
+
+@pytest.mark.slow  # ~1 min: two sources tokenized, their mixture, the val loss of each
+def test_a_mixture_is_read_in_the_models_own_tokens(hf_dirs, tmp_path):
+    """A reference run of the Llama on the embedded mixture: each source is tokenized with the
+    Llama's tokenizer (tokens-mine/), the mixture's manifest points at those and says so, and
+    the val loss scores each source in those tokens."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from conftest import RESOURCES, make_workdir, snakemake
+    from lmpipe.data.shards import read_manifest, read_shard
+
+    workdir = make_workdir(tmp_path / "wd")
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    config["models"]["mine"] = {"arch": "hf", "path": str(hf_dirs["llama"])}
+    config["runs"]["llama-mix"] = {
+        "dataset": "embedded-mix", "model": "mine", "train": None,
+        "launch": {"device": "cpu"}, "eval": {"val_loss": {"tokens": 2048}},
+    }  # fmt: skip
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    target = "results/runs/llama-mix/eval/val_loss.json"
+    snakemake(workdir, "--cores", "2", target)
+
+    data = workdir / "results" / "data"
+    mixture = json.loads((data / "embedded-mix/tokens-mine/manifest.json").read_text())
+    assert mixture["tokens_of"] == "mine"
+    assert sorted(mixture["mixture"]) == ["embedded", "shakespeare"]
+    tok = AutoTokenizer.from_pretrained(hf_dirs["llama"])
+    text = (RESOURCES / "tinyshakespeare_20k.txt").read_text()
+    tokens = read_manifest(data / "shakespeare/tokens-mine/manifest.json")
+    shard = read_shard(tokens.files("val")[0])
+    ids = tok.encode(text[:200], add_special_tokens=False)[:20]
+    assert shard[0] == tok.eos_token_id and list(shard[1:21]) == ids
+    result = json.loads((workdir / target).read_text())
+    assert result["tokens_of"] == "mine"
+    assert set(result["sources"]) == {"embedded", "shakespeare"}
+    assert not (data / "embedded/tokens").exists()  # GPT-2's: not asked for
 
 
 def test_a_hub_id_is_read_from_the_local_cache_only(hf_dirs, tmp_path, monkeypatch):

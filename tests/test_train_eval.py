@@ -53,7 +53,7 @@ def hellaswag_settings(every: int, items: int) -> dict:
 def test_every_item_is_scored_once_and_every_rank_runs_as_many_rows():
     items = load_hellaswag(HELLASWAG, 9)
     assert len(items) == 9 and load_hellaswag(HELLASWAG, 10**6)[8] == items[8]
-    task = hellaswag_task(HELLASWAG, 9)
+    task = hellaswag_task(HELLASWAG, 9, gpt2_encoding(TOKENIZER_DIR))
     shares = [share_of(task, rank, 4) for rank in range(4)]  # 3, 2, 2, 2 items
     assert {len(s.rows) for s in shares} == {3 * ENDINGS}  # padded: the same forward passes
     assert [s.counted.count(False) for s in shares] == [0, 1, 1, 1]
@@ -164,7 +164,9 @@ def score_on_ranks(rank: int, world_size: int, port: int, items_n: int, out: str
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        share = share_of(hellaswag_task(HELLASWAG, items_n), rank, world_size)
+        share = share_of(
+            hellaswag_task(HELLASWAG, items_n, gpt2_encoding(TOKENIZER_DIR)), rank, world_size
+        )
         x = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(rank))
         result = {}
         for reshard in (False, True):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lmpipe.files import atomic_file
+from lmpipe.hf_folder import tokenizer_identity
 from lmpipe.paths import REPO_ROOT
 
 HF_CONFIGS = REPO_ROOT / "resources" / "hf_configs"  # config.json copies of hub models
@@ -229,12 +230,8 @@ def measured(folder: Path, trust_remote_code: bool) -> dict:
             raise ValueError(
                 f"{folder / 'config.json'}: transformers cannot build it ({why})"
             ) from None
-    argv = [sys.executable, "-m", "lmpipe.hf_config", "--measure", str(folder)]
-    argv += ["--trust-remote-code"] if trust_remote_code else []
-    # lmpipe importable in the child as it is here (the Snakefile puts workflow/ on sys.path)
-    paths = [str(REPO_ROOT / "workflow"), os.environ.get("PYTHONPATH", "")]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    args = ["--measure", str(folder)] + (["--trust-remote-code"] if trust_remote_code else [])
+    proc = run_module("lmpipe.hf_config", args)
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         if why.startswith("ModuleNotFoundError"):  # torch or transformers
@@ -242,6 +239,45 @@ def measured(folder: Path, trust_remote_code: bool) -> dict:
             why += f"; {needs} {sys.executable}"
         raise ValueError(f"{folder / 'config.json'}: transformers cannot build it ({why})")
     return json.loads(proc.stdout)
+
+
+def run_module(module: str, args: list[str]) -> subprocess.CompletedProcess:
+    """`python -m module args` in a child with lmpipe importable as it is here (the Snakefile
+    puts workflow/ on sys.path), its output captured."""
+    paths = [str(REPO_ROOT / "workflow"), os.environ.get("PYTHONPATH", "")]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    argv = [sys.executable, "-m", module, *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env)
+
+
+TOKENIZER_PROBLEMS: dict[str, str | None] = {}  # check_tokenizer's answers in this process
+
+
+def check_tokenizer(folder: Path, template: bool) -> None:
+    """The folder's tokenizer loaded as the jobs load it (lmpipe.chat.tokenizer_check: an eos,
+    its ids within the embedding, the template where `template`), in a subprocess, the answer
+    kept (CACHE) under the tokenizer files' and config.json's sha256. A ValueError naming the
+    folder and the problem."""
+    version = importlib.metadata.version("transformers")
+    text = f"{tokenizer_identity(folder)}|{template}|{version}|".encode()
+    key = hashlib.sha256(text + (folder / "config.json").read_bytes()).hexdigest()
+    kept = CACHE[0] / f"tokenizer-{key}.json" if CACHE else None
+    if key in TOKENIZER_PROBLEMS:  # (this process checked it: the config is validated in steps)
+        problem = TOKENIZER_PROBLEMS[key]
+    elif kept is not None and kept.is_file():
+        problem = json.loads(kept.read_text())["problem"]
+    else:
+        args = [str(folder)] + (["--template"] if template else [])
+        proc = run_module("lmpipe.chat.tokenizer_check", args)
+        lines = proc.stderr.strip().splitlines() or ["no output"]
+        problem = None if proc.returncode == 0 else lines[-1]
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(kept) as tmp:
+                tmp.write_text(json.dumps({"problem": problem}) + "\n")
+    TOKENIZER_PROBLEMS[key] = problem
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def ship(path: str) -> Path:

@@ -66,6 +66,13 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
     "mixture": lambda c, w, gpu, cpus: Job(
         "mixture", w["dataset"], "", estimate_s=5, basis="local rule: the sources' manifest"
     ),
+    "mixture_for_model": lambda c, w, gpu, cpus: Job(
+        "mixture_for_model",
+        f"{w['dataset']}/{w['model']}",
+        "",
+        estimate_s=5,
+        basis="local rule: the sources' manifest",
+    ),  # fmt: skip
     "prepare_conversations": lambda c, w, gpu, cpus: Job(
         "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),

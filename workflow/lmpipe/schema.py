@@ -222,30 +222,6 @@ def check_fine_tuning_run(config: dict[str, Any], name: str) -> None:
         check_hf_base(config, name)
 
 
-def check_hf_run(config: dict[str, Any], name: str, rc: Any) -> None:
-    """What an `arch: hf` run cannot do, refused before any job: evaluations during training
-    (HellaSwag's and the suite's scorers there tokenize with GPT-2's BPE), and a mixture in its
-    own tokens (its sources are tokenized with GPT-2's). Pretraining on text (continued
-    pretraining) and its val loss read the text in the model's own tokens
-    (lmpipe.config.tokens_of); fine-tuning and every evaluation of the converted model take
-    its own tokenizer too."""
-    from lmpipe.config import in_training, is_mixture, text_dataset, tokens_of
-
-    where, r = f"runs.{name}", config["runs"][name]
-    during = sorted(in_training(rc))
-    if during:
-        raise ConfigError(
-            f"{where}.eval: {', '.join(during)} during training scores with GPT-2's tokenizer;"
-            " an arch hf model is scored after training only (set during_training.every: 0)"
-        )
-    text = text_dataset(config, name)
-    if tokens_of(config, name) and is_mixture(config, text):
-        raise ConfigError(
-            f"{where}: model {r['model']!r} (arch hf) reads text in its own tokens, and"
-            f" {text!r} is a mixture of GPT-2-tokenized sources: give it one text dataset"
-        )
-
-
 def check_hf_base(config: dict[str, Any], name: str) -> None:
     """`base: {hf: DIR}`: a run of our own GPT-2 model reads GPT-2 folders only; any other
     causal LM is fine-tuned as `model.arch: hf` (its folder checked by lmpipe.hf_folder)."""
@@ -411,6 +387,29 @@ def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
         )
 
 
+def check_tokenizers(config: dict[str, Any]) -> None:
+    """Each `arch: hf` model's tokenizer that some run reads, loaded as its jobs will load it
+    (lmpipe.hf_config.check_tokenizer: an eos, ids within the embedding, and the Vicuna
+    template where the model meets conversations), before any job. A hub model not downloaded
+    yet is checked by the jobs that read it."""
+    from lmpipe.config import chat_dataset, hf_tokenizer_folder
+    from lmpipe.hf_config import check_tokenizer
+
+    chats: dict[str, bool] = {}
+    for name, r in config["runs"].items():
+        if config["models"][r["model"]]["arch"] == "hf":
+            chat = chat_dataset(config, name) is not None
+            chats[r["model"]] = chats.get(r["model"], False) or chat
+    for model, chat in sorted(chats.items()):
+        folder = Path(hf_tokenizer_folder(config, model))
+        if not (folder / "config.json").is_file():
+            continue
+        try:
+            check_tokenizer(folder, template=chat)
+        except ValueError as e:
+            raise ConfigError(f"models.{model}: {e}") from None
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     check_datasets(config)
@@ -439,8 +438,6 @@ def check_config(config: dict[str, Any]) -> None:
             raise ConfigError(f"{where}.train: 'max_steps' is required")
         rc = run_config(config, name)
         check_muon(config, name, rc.model)
-        if rc.model.arch == "hf":
-            check_hf_run(config, name, rc)
         if rc.train.seq_len > rc.model.block_size:
             raise ConfigError(
                 f"{where}.train.seq_len {rc.train.seq_len} exceeds the model's block_size"
@@ -458,6 +455,7 @@ def check_config(config: dict[str, Any]) -> None:
                 f" {sched.cooldown_steps} exceed max_steps {rc.train.max_steps}"
             )
         check_evals(config, name, rc)
+    check_tokenizers(config)
     for name, rep in config["reports"].items():
         for run in rep["runs"]:
             if run not in config["runs"]:

@@ -153,9 +153,10 @@ def get_hub_model_input(model):
 
 
 def get_mixture_inputs(wildcards):
-    """Each source's tokens manifest, by source name."""
+    """Each source's tokens manifest, by source name: GPT-2's tokens, or the model's own."""
     sources = config["datasets"][wildcards.dataset]["mixture"]
-    return {name: LAYOUT.tokens_manifest(name) for name in sources}
+    model = wildcards.get("model")
+    return {name: LAYOUT.tokens_manifest(name, model) for name in sources}
 
 
 def get_mixture_sources_arg(wildcards, input):
@@ -174,7 +175,7 @@ def get_conversations_source(wildcards):
     a hub model's download, whose tokenizer prepares them in its tokens."""
     d = config["datasets"][wildcards.dataset]
     inputs = {"source": d["path"]} if d["source"] == "local" else {}
-    hub = get_hub_model_input(wildcards.model) if hasattr(wildcards, "model") else []
+    hub = get_hub_model_input(wildcards.model) if wildcards.get("model") else []
     return inputs | ({"model": hub} if hub else {})
 
 

@@ -200,6 +200,19 @@ rule mixture:
         " --out {output.manifest:q} > {log} 2>&1"
 
 
+# ... and in an `arch: hf` model's own tokens (tokens-{model}/ of each source)
+use rule mixture as mixture_for_model with:
+    input:
+        unpack(get_mixture_inputs),
+    output:
+        manifest=LAYOUT.tokens_manifest("{dataset}", "{model}"),
+    log:
+        LAYOUT.log("mixture", "{dataset}/{model}"),
+    wildcard_constraints:
+        dataset=one_of(MIXTURES),
+        model=one_of(HF_TOKENIZING_MODELS),
+
+
 # conversations as masked rows, in GPT-2's tokens (sft/) or in an `arch: hf` model's own
 # (sft-{model}/): one dataset entry serves every base, prepared once per tokenizer
 rule prepare_conversations:

@@ -113,7 +113,15 @@ def write_mixture(
         }
         for name in sorted(weights)
     }
+    # the sources' tokens: GPT-2's, or one `arch: hf` model's own (tokens-{model}/) for all
+    tokens_of = {read_json(Path(m), "tokens manifest").get("tokens_of") for m in manifests.values()}
+    if len(tokens_of) > 1:
+        raise ValueError(
+            f"{out}: the sources are in different tokens ({sorted(map(str, tokens_of))})"
+        )
     manifest = {"dataset": name, "mixture": entries}
+    if (model := tokens_of.pop()) is not None:
+        manifest["tokens_of"] = model
     write_text_atomic(out, json.dumps(manifest, indent=2) + "\n")
 
 

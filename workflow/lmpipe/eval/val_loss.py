@@ -256,9 +256,11 @@ def evaluate(
     weighted = [(r["weight"], r) for r in sources.values()]
     bpbs = [r["bits_per_byte"] for r in sources.values()]
     byts = [r["bytes"] for r in sources.values()]
+    tokens_of = read_json(Path(manifest), "mixture manifest").get("tokens_of")
     return {
         "metric": "fineweb_val_loss",
         "dataset": mixture.name,
+        **({"tokens_of": tokens_of} if tokens_of else {}),
         "value": sum(w * r["value"] for w, r in weighted),
         "tokens": sum(r["tokens"] for r in sources.values()),
         "bytes": None if None in byts else sum(byts),

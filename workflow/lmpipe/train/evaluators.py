@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from lmpipe.config import TrainConfig, TrainJob
-from lmpipe.data.tokenizer import gpt2_encoding
+from lmpipe.data.tokenizer import Tokenizer, gpt2_encoding, model_tokenizer
 from lmpipe.eval import hellaswag as hellaswag_eval
 from lmpipe.eval import packing
 from lmpipe.eval.suite import native
@@ -78,6 +78,7 @@ class ChoiceTask:
 
     name: str  # the prefix of its metrics keys: "hellaswag", "suite/arc_easy"
     items: list[Item]
+    tokenizer: Tokenizer  # the model's: GPT-2's BPE, or an `arch: hf` model's own
     metrics: tuple[str, ...] = ("acc", "acc_norm")  # counted; "acc_norm" also the headline
 
     @property
@@ -85,20 +86,30 @@ class ChoiceTask:
         return "acc_norm" if "acc_norm" in self.metrics else "acc"
 
 
-def hellaswag_task(items_file: Path, limit: int) -> ChoiceTask:
+def run_tokenizer(inputs: dict[str, Path]) -> Tokenizer:
+    """The tokenizer the model trains in: an `arch: hf` model's own (the `tokenizer` input, its
+    folder: lmpipe.data.tokenizer.model_tokenizer), else GPT-2's BPE."""
+    folder = inputs.get("tokenizer")
+    return (
+        gpt2_encoding(TOKENIZER_DIR) if folder is None else model_tokenizer(folder, TOKENIZER_DIR)
+    )
+
+
+def hellaswag_task(items_file: Path, limit: int, tok: Tokenizer) -> ChoiceTask:
     """HellaSwag as llm.c scores it (lmpipe.eval.hellaswag's "llmc" scoring: rows (enc(ctx),
-    enc(" " + ending)), acc_norm by the ending's tokens), the file's first `limit` items."""
+    enc(" " + ending)), acc_norm by the ending's tokens), the file's first `limit` items, in
+    the tokens of `tok`."""
     items = hellaswag_eval.load_items(items_file, limit)
-    data = hellaswag_eval.task_data(items, gpt2_encoding(TOKENIZER_DIR), "llmc")
-    return ChoiceTask(hellaswag_eval.NAME, data.items, hellaswag_eval.METRICS)
+    data = hellaswag_eval.task_data(items, tok, "llmc")
+    return ChoiceTask(hellaswag_eval.NAME, data.items, tok, hellaswag_eval.METRICS)
 
 
-def suite_task(manifest: Path, name: str, limit: int | None) -> ChoiceTask:
+def suite_task(manifest: Path, name: str, limit: int | None, tok: Tokenizer) -> ChoiceTask:
     """A suite task as its native scorer scores it (lm-eval's requests, acc and acc_norm), the
     first `limit` items (MMLU: of each subject; None: all) of the suite's data. A task that
     cannot be read stops the run before it trains: the config asked for it."""
     items = load_task(manifest, name, limit).items
-    return ChoiceTask(f"suite/{name}", items, SUITE_TASKS[name].metrics)
+    return ChoiceTask(f"suite/{name}", items, tok, SUITE_TASKS[name].metrics)
 
 
 # ---- a rank's share, scored --------------------------------------------------------------------
@@ -124,7 +135,7 @@ def share_of(task: ChoiceTask, rank: int, world_size: int) -> Share:
     mine = task.items[rank::world_size]
     padding = math.ceil(len(task.items) / world_size) - len(mine)
     items = mine + [task.items[0]] * padding
-    rows = native.item_rows(items, gpt2_encoding(TOKENIZER_DIR))
+    rows = native.item_rows(items, task.tokenizer)
     return Share(task, items, [True] * len(mine) + [False] * padding, len(task.items), rows)
 
 
@@ -178,7 +189,7 @@ def count_right(
             score = native.score_task(
                 model,
                 data,
-                gpt2_encoding(TOKENIZER_DIR),
+                share.task.tokenizer,
                 batch_rows,
                 device,
                 False,
@@ -235,13 +246,16 @@ def batch_rows(train: TrainConfig) -> int:
 
 def hellaswag(settings: dict, inputs: dict[str, Path], d: Dist, train: TrainConfig) -> Evaluator:
     """HellaSwag during training (llm.c's): the first `items` of the run's items file."""
-    task = hellaswag_task(inputs["hellaswag"], settings["items"])
+    task = hellaswag_task(inputs["hellaswag"], settings["items"], run_tokenizer(inputs))
     return ChoiceEvaluator("hellaswag", [task], settings["every"], d, batch_rows(train))
 
 
 def suite(settings: dict, inputs: dict[str, Path], d: Dist, train: TrainConfig) -> Evaluator:
     """The suite's `tasks` during training, the first `items` of each, from its data."""
-    tasks = [suite_task(inputs["suite"], name, settings["items"]) for name in settings["tasks"]]
+    tok = run_tokenizer(inputs)
+    tasks = [
+        suite_task(inputs["suite"], name, settings["items"], tok) for name in settings["tasks"]
+    ]
     return ChoiceEvaluator("suite", tasks, settings["every"], d, batch_rows(train))
 
 
@@ -250,7 +264,10 @@ def build_evaluators(
 ) -> list[Evaluator]:
     """The evaluators of the evaluations the train job scores as it trains, in the registry's
     order, each built by its entry's `during_training.build` from its settings and its inputs
-    (`--eval-input kind=path`); an input missing stops the run before it trains."""
+    (`--eval-input kind=path`; an `arch: hf` model's folder as the `tokenizer` its tasks are
+    tokenized with); an input missing stops the run before it trains."""
+    if job.model.arch == "hf":
+        inputs = inputs | {"tokenizer": Path(job.model.path)}
     evaluators = []
     for name, entry in EVALUATIONS.items():
         if name not in job.during_training:
