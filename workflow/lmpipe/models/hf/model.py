@@ -144,9 +144,13 @@ class HFCausalLM(nn.Module):
         x = self.hidden_states(idx)
         if targets is None:
             return self.head(x), None
-        weight = self.hf.get_output_embeddings().weight
+        lm_head = self.hf.get_output_embeddings()
+        weight = lm_head.weight
         if self.head_on_counted_only:
             counted = targets != -1
             x, targets = x[counted], targets[counted]  # a host sync (the shape)
+        if getattr(lm_head, "bias", None) is not None:  # Phi's head: x W^T + b = [x, 1] [W, b]^T
+            x = torch.cat([x, x.new_ones(*x.shape[:-1], 1)], dim=-1)
+            weight = torch.cat([weight, lm_head.bias[:, None].to(weight.dtype)], dim=1)
         loss = self.loss_fn(self.scaled(x), weight, targets, self.config.vocab_size, self.softcap)
         return None, loss
