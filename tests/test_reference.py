@@ -39,21 +39,24 @@ FAMILIES = {
     "gpt2": None, "mixtral": "intermediate_size", "olmoe": "intermediate_size",
     "qwen2_moe": "moe_intermediate_size", "qwen3_moe": "moe_intermediate_size",
 }  # fmt: skip
+# Falcon's MLP is ffn_hidden_size (18,176 at its defaults); GPT-2's names are n_embd...
 TINY = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
         "moe_intermediate_size": 32, "num_experts": 4, "num_local_experts": 4,
         "num_experts_per_tok": 2, "shared_expert_intermediate_size": 48, "sliding_window": 32,
-        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "ffn_hidden_size": 96,
+        "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128}  # fmt: skip
 
 
-def tiny_config(family: str):
-    """The family's config at its defaults, made tiny: each TINY key it has, set, and its
-    per-layer lists (Gemma's layer_types) made again for the layers it now has."""
+def tiny_config(family: str, **changes):
+    """The family's config at its defaults, made tiny: each TINY key it has (and each of
+    `changes`), set, and its per-layer lists (Gemma's layer_types) made again for the layers it
+    now has."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[family]
     defaults = cls().to_dict()
-    kwargs = {k: v for k, v in TINY.items() if k in defaults}
+    kwargs = {k: v for k, v in (TINY | changes).items() if k in defaults}
     kept = {k: v for k, v in defaults.items() if k not in ("layer_types", "model_type")}
     return cls(**kept | kwargs)
 

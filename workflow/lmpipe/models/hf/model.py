@@ -38,8 +38,20 @@ def load_pretrained(folder: Path, trust_remote_code: bool) -> nn.Module:
     cfg.use_cache = False  # training; generation asks for the cache itself
     return AutoModelForCausalLM.from_pretrained(
         folder, config=cfg, dtype=torch.float32, use_safetensors=True, local_files_only=True,
-        trust_remote_code=trust_remote_code, attn_implementation="sdpa",
+        trust_remote_code=trust_remote_code, attn_implementation=attention_of(cfg),
     )  # fmt: skip
+
+
+def attention_of(cfg) -> str:
+    """PyTorch's SDPA (whose kernel train.attention_backend picks) where the family's class has
+    it; else its eager attention (Gemma 2, which soft-caps its attention scores, has no SDPA).
+    A class from the folder's own code (trust_remote_code) is asked for SDPA."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    known = type(cfg) in MODEL_FOR_CAUSAL_LM_MAPPING
+    return (
+        "eager" if known and not MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]._supports_sdpa else "sdpa"
+    )
 
 
 class HFCausalLM(nn.Module):
@@ -54,6 +66,10 @@ class HFCausalLM(nn.Module):
         self.hf = hf if hf is not None else load_pretrained(self.folder, config.trust_remote_code)
         # Gemma-style final soft-capping of the logits, where the model has it
         self.softcap = getattr(self.hf.config, "final_logit_softcapping", None)
+        # the logits scaled as the model's own forward scales them: Cohere multiplies them by
+        # logit_scale, Granite divides them by logits_scaling
+        self.logit_scale = getattr(self.hf.config, "logit_scale", None)
+        self.logits_scaling = getattr(self.hf.config, "logits_scaling", None)
         self.loss_fn = linear_cross_entropy  # the trainer may set a compiled or chunked one
         self.head_on_counted_only = False
         self.padded_head_matmul = False  # no padding: the vocabulary is the model's own
@@ -95,7 +111,13 @@ class HFCausalLM(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The trunk up to the final norm: (B, T) -> (B, T, C); packed rows give positions
-        (B, T) and a boolean mask (B, 1, T, T) that the model's attention takes as is."""
+        (B, T) and a boolean mask (B, 1, T, T) that the model's attention takes as is (SDPA), or
+        as the additive mask eager attention adds to its scores (0 where a query sees a key)."""
+        if mask is not None and self.hf.config._attn_implementation == "eager":
+            low = torch.finfo(self.hf.dtype).min
+            mask = torch.zeros(mask.shape, dtype=self.hf.dtype, device=mask.device).masked_fill(
+                ~mask, low
+            )
         out = self.hf.base_model(
             input_ids=idx, position_ids=positions, attention_mask=mask, use_cache=False
         )
@@ -103,8 +125,17 @@ class HFCausalLM(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits over the vocabulary for hidden states h (..., C)."""
-        logits = self.hf.get_output_embeddings()(h).float()
+        logits = self.scaled(self.hf.get_output_embeddings()(h).float())
         return soft_cap(logits, self.softcap)
+
+    def scaled(self, t: torch.Tensor) -> torch.Tensor:
+        """Logits scaled as the model's forward scales them (Cohere's logit_scale, Granite's
+        logits_scaling); or hidden states before the head's matmul, which is linear in them."""
+        if self.logit_scale is not None:
+            t = t * self.logit_scale
+        if self.logits_scaling is not None:
+            t = t / self.logits_scaling
+        return t
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
@@ -113,9 +144,13 @@ class HFCausalLM(nn.Module):
         x = self.hidden_states(idx)
         if targets is None:
             return self.head(x), None
-        weight = self.hf.get_output_embeddings().weight
+        lm_head = self.hf.get_output_embeddings()
+        weight = lm_head.weight
         if self.head_on_counted_only:
             counted = targets != -1
             x, targets = x[counted], targets[counted]  # a host sync (the shape)
-        loss = self.loss_fn(x, weight, targets, self.config.vocab_size, self.softcap)
+        if getattr(lm_head, "bias", None) is not None:  # Phi's head: x W^T + b = [x, 1] [W, b]^T
+            x = torch.cat([x, x.new_ones(*x.shape[:-1], 1)], dim=-1)
+            weight = torch.cat([weight, lm_head.bias[:, None].to(weight.dtype)], dim=1)
+        loss = self.loss_fn(self.scaled(x), weight, targets, self.config.vocab_size, self.softcap)
         return None, loss
