@@ -208,7 +208,7 @@ def test_a_fine_tuned_run_above_an_untrained_models_loss_is_flagged():
     )
     assert findings([base, run("a-chat", 9.5, sft=True)]) == []
     # a model of its own 2,000-token vocabulary: ln 2,000 = 7.60 is its uniform guess
-    small = run("b-chat", 7.9, sft=True, settings={"model": {"arch": "hf"}})
+    small = run("b-chat", 7.9, sft=True, settings={"model": {"arch": "hf"}, "base": {"run": "x"}})
     small.meta = {"model": {"arch": "hf", "vocab_size": 2000}}
     (line,) = findings([base, small])
     assert "above an untrained model's (7.60, a uniform guess over its 2,000 tokens)" in line
@@ -295,3 +295,24 @@ def test_a_section_with_many_differences_is_named_once():
     assert differing(a, b) == (
         "differs in model.arch and 2 more model keys, train.optimizer.lr, train.optimizer.name"
     )
+
+
+def test_a_fine_tune_of_a_hugging_face_base_is_measured_against_that_base():
+    """The base of `base: {hf: DIR}` is the reference run of that folder (lmpipe.bases): a base
+    that was itself no better than a uniform guess lost nothing; one below it is named."""
+    model = {"arch": "hf", "path": "/m/llama"}
+    meta = {"model": {"arch": "hf", "vocab_size": 2000}}  # ln 2,000 = 7.60
+
+    def chat(val: float) -> Run:
+        r = run("chat", val, settings={"sft": {}, "base": {"hf": "/m/llama"}, "model": model})
+        r.meta = meta
+        return r
+
+    def base(val: float) -> Run:
+        r = run("llama-base", val, settings={"reference": True, "model": model})
+        r.meta = meta
+        return r
+
+    assert [x for x in findings([base(7.7), chat(7.8)]) if "lost" in x] == []
+    (line,) = [x for x in findings([base(6.1), chat(7.8)]) if "lost" in x]
+    assert line.endswith("its base llama-base had 6.10.")

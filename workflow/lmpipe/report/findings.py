@@ -344,6 +344,19 @@ def unpaired(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
     return None
 
 
+def base_of(run: Run, runs: list[Run]) -> Run | None:
+    """A fine-tuned run's base among `runs`: its base run, or the reference run measuring its
+    Hugging Face base folder (lmpipe.bases)."""
+    base = run.settings.get("base") or {}
+    for r in runs:
+        if base.get("run") and r.name == base["run"]:
+            return r
+        model = r.settings.get("model") or {}
+        if base.get("hf") and r.reference and model.get("path") == base["hf"]:
+            return r
+    return None
+
+
 def lost_pretraining(run: Run, runs: list[Run]) -> str | None:
     """A fine-tuned run whose FineWeb val loss is above an untrained model's (of its own
     vocabulary)."""
@@ -351,10 +364,11 @@ def lost_pretraining(run: Run, runs: list[Run]) -> str | None:
     uniform = untrained_loss(run)
     if not run.fine_tuned or loss is None or loss <= uniform:
         return None
-    base_name = (run.settings.get("base") or {}).get("run")
-    base = next((r for r in runs if r.name == base_name), None)
+    base = base_of(run, runs)
     base_loss = base.evals.get("val_loss", {}).get("value") if base else None
-    was = f"; its base {base_name} had {base_loss:.2f}" if base_loss is not None else ""
+    if base_loss is not None and base_loss > uniform:
+        return None  # its base was no better than a uniform guess: nothing was lost
+    was = f"; its base {base.name} had {base_loss:.2f}" if base_loss is not None else ""
     bpb = untrained_bpb(run)
     per_byte = f", {bpb:.2f} bits per byte of the text scored" if bpb is not None else ""
     return (
