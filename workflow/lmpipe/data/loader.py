@@ -174,18 +174,33 @@ def val_batches(
         raise ValueError(
             f"{file}: {len(tokens)} tokens, fewer than one validation batch of {per_step} + 1"
         )
-    scored = torch.from_numpy(tokens[: steps * per_step + 1].astype(np.int64))
+    spans = [((i * world_size + rank) * B * T, B) for i in range(steps)]
+    return val_set(tokens[: steps * per_step + 1], T, spans, eot, token_bytes)
+
+
+def val_set(
+    tokens: np.ndarray,
+    seq_len: int,
+    spans: list[tuple[int, int]],
+    eot: int,
+    token_bytes: np.ndarray | None = None,
+) -> ValSet:
+    """The batches of `spans` (each a first token and a number of rows of `seq_len`) of the
+    scored val text `tokens`, each target's document numbered over the whole text (`eot` opens
+    one) and, with `token_bytes`, its bytes: what `val_batches` (a rank's share) and the val_loss
+    evaluation (every sequence) score."""
+    T = seq_len
+    scored = torch.from_numpy(tokens.astype(np.int64))
     doc_of = documents_of(scored, eot)
     bytes_of = target_bytes(scored, token_bytes)
     batches, docs, byts = [], [], []
-    for i in range(steps):
-        start = (i * world_size + rank) * B * T
-        # a batch's own storage, of B * T + 1 tokens as a training batch's: a compiled model
+    for start, rows in spans:
+        # a batch's own storage, of rows * T + 1 tokens as a training batch's: a compiled model
         # guards on the size of its input's base, and a view into the whole val text would
         # make the training graph dynamic
-        buf = scored[start : start + B * T + 1].clone()
-        batches.append((buf[:-1].view(B, T), buf[1:].view(B, T)))
-        docs.append(doc_of[start : start + B * T].view(B, T))
+        buf = scored[start : start + rows * T + 1].clone()
+        batches.append((buf[:-1].view(rows, T), buf[1:].view(rows, T)))
+        docs.append(doc_of[start : start + rows * T].view(rows, T))
         if bytes_of is not None:
-            byts.append(bytes_of[start : start + B * T].view(B, T))
+            byts.append(bytes_of[start : start + rows * T].view(rows, T))
     return ValSet(batches, docs, int(doc_of[-1]) + 1, byts if bytes_of is not None else None)

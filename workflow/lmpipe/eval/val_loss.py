@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from lmpipe.data.loader import ValSet, documents_of, target_bytes
+from lmpipe.data.loader import ValSet, val_set
 from lmpipe.data.mixture import is_mixture, read_mixture
 from lmpipe.data.shards import GPT2_EOT, read_header, read_manifest, read_shard
 from lmpipe.eval.results import produced_by
@@ -182,18 +182,8 @@ def val_loss(
             f"{shard}: {len(tokens):,} tokens, fewer than the {n_seq * T + 1:,} that"
             f" eval.val_loss.tokens {val_tokens:,} needs"
         )
-    scored = torch.from_numpy(tokens[: n_seq * T + 1].astype(np.int64))
-    doc_of = documents_of(scored, eot)
-    bytes_of = target_bytes(scored, token_bytes)
-    batches, docs, byts = [], [], []
-    for start in range(0, n_seq, batch):
-        b = min(batch, n_seq - start)
-        buf = scored[start * T : (start + b) * T + 1]
-        batches.append((buf[:-1].view(b, T), buf[1:].view(b, T)))
-        docs.append(doc_of[start * T : (start + b) * T].view(b, T))
-        if bytes_of is not None:
-            byts.append(bytes_of[start * T : (start + b) * T].view(b, T))
-    val = ValSet(batches, docs, int(doc_of[-1]) + 1, byts if bytes_of is not None else None)
+    spans = [(start * T, min(batch, n_seq - start)) for start in range(0, n_seq, batch)]
+    val = val_set(tokens[: n_seq * T + 1], T, spans, eot, token_bytes)
     return score(model, val, device)
 
 
