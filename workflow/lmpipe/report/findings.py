@@ -120,16 +120,22 @@ def tokens_words(mine: list[Run], theirs: list[Run]) -> str:
     if a == b:
         return f"{a:,} tokens trained each"
     words = f"trained {a:,} tokens against {b:,}: at unequal tokens"
-    curve_a = {row["tokens"]: row["val_loss"] for row in mine[0].val if "tokens" in row}
-    curve_b = {row["tokens"]: row["val_loss"] for row in theirs[0].val if "tokens" in row}
-    both = [t for t in curve_a if t in curve_b and t > 0]
-    if both:
-        t = max(both)
+    t = most_tokens_all_reached([mine[0], theirs[0]])
+    if t is not None:
+        pa, pb = curve_point(mine[0], t), curve_point(theirs[0], t)
         words += (
             f"; at {t:,} tokens, the most both reached, the training's val loss is"
-            f" {curve_a[t]:.4f} against {curve_b[t]:.4f}"
+            f" {pa['value']:.4f} against {pb['value']:.4f}"
         )
     return words
+
+
+def most_tokens_all_reached(runs: list[Run]) -> int | None:
+    """The most tokens trained at which every run of `runs` validated during training (the
+    point where unequal budgets compare), or None where they share none."""
+    reached = [{row["tokens"] for row in r.val if "tokens" in row} for r in runs]
+    both = [t for t in set.intersection(*reached) if t > 0]
+    return max(both) if both else None
 
 
 def curve_point(run: Run, tokens: int) -> dict[str, Any] | None:
@@ -161,14 +167,12 @@ def at_equal_tokens(
         else ""
     )
     what = f"{differing(mine[0], theirs[0])}; trained {a:,} tokens against {b:,}{final}"
-    reached = [{row["tokens"] for row in r.val if "tokens" in row} for r in mine + theirs]
-    both = [t for t in set.intersection(*reached) if t > 0]
-    if not both:
+    t = most_tokens_all_reached(mine + theirs)
+    if t is None:
         return (
             f"{name}: trained {a:,} tokens against {base}'s {b:,}, and their validations during"
             f" training share no token count: not compared ({what})."
         )
-    t = max(both)
     sa = [curve_point(r, t) for r in mine]
     sb = [curve_point(r, t) for r in theirs]
     on = f"val loss during training at {t:,} tokens, the most both reached,"
