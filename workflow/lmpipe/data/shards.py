@@ -160,6 +160,8 @@ class TokensManifest:
     # each token id's UTF-8 bytes (lmpipe.data.token_bytes); None: tokenized before the table
     # was written, and its val losses have no bits per byte
     token_bytes: Path | None = None
+    dataset: str | None = None  # the `datasets:` entry tokenized
+    tokens_of: str | None = None  # an `arch: hf` model whose own tokens these are; None: GPT-2's
 
     def files(self, split: str) -> list[Path]:
         """The shard files of `split` ('train' or 'val'), in order; none is an error."""
@@ -197,4 +199,7 @@ def read_manifest(path: str | Path) -> TokensManifest:
         ) from None
     table = data.get("token_bytes")
     table_file = path.parent / table["file"] if isinstance(table, dict) else None
-    return TokensManifest(path, shards, data.get("eot", GPT2_EOT), table_file)
+    return TokensManifest(
+        path, shards, data.get("eot", GPT2_EOT), table_file, data.get("dataset"),
+        data.get("tokens_of"),
+    )  # fmt: skip

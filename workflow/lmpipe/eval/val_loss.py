@@ -28,9 +28,8 @@ from tqdm import tqdm
 
 from lmpipe.data.loader import ValSet, val_set
 from lmpipe.data.mixture import is_mixture, read_mixture
-from lmpipe.data.shards import GPT2_EOT, read_header, read_manifest, read_shard
+from lmpipe.data.shards import GPT2_EOT, TokensManifest, read_header, read_manifest, read_shard
 from lmpipe.eval.results import produced_by
-from lmpipe.files import read_json
 from lmpipe.models import load_hf
 from lmpipe.registry import ValLossSettings
 from lmpipe.stats import cluster_stderr
@@ -39,10 +38,10 @@ from lmpipe.stats import cluster_stderr
 LOGITS_BYTES = 2**30
 
 
-def val_shard(manifest_path: str | Path) -> Path:
-    val = read_manifest(manifest_path).files("val")
+def val_shard(manifest: TokensManifest) -> Path:
+    val = manifest.files("val")
     if len(val) != 1:
-        raise ValueError(f"{manifest_path}: expected one val shard, found {len(val)}")
+        raise ValueError(f"{manifest.path}: expected one val shard, found {len(val)}")
     return val[0]
 
 
@@ -223,20 +222,20 @@ def evaluate(
     manifest = inputs["tokens"]
     how = "mean next-token cross-entropy"
     if not is_mixture(manifest):
-        shard, m = val_shard(manifest), read_manifest(manifest)
-        tokens = read_json(Path(manifest), "tokens manifest")
+        m = read_manifest(manifest)
+        shard = val_shard(m)
         return {
             "metric": "fineweb_val_loss",
-            "dataset": tokens.get("dataset"),
+            "dataset": m.dataset,
             # an `arch: hf` model's own tokens (None: GPT-2's): losses pair only on equal tokens
-            **({"tokens_of": tokens["tokens_of"]} if tokens.get("tokens_of") else {}),
+            **({"tokens_of": m.tokens_of} if m.tokens_of else {}),
             **score_shard(model, shard, settings, device, m.eot, m.byte_table()),
             "produced_by": produced_by(__name__, model_dir, how, shard=str(shard), device=device),
         }
     mixture = read_mixture(manifest)
     sources, shards = {}, []
     for s in mixture.sources:
-        shard = val_shard(s.tokens.path)
+        shard = val_shard(s.tokens)
         shards.append(str(shard))
         # a small source's val shard may hold fewer tokens than asked: all of it is scored
         capped = replace(settings, tokens=min(settings.tokens, read_header(shard) - 1))
@@ -246,7 +245,7 @@ def evaluate(
     weighted = [(r["weight"], r) for r in sources.values()]
     bpbs = [r["bits_per_byte"] for r in sources.values()]
     byts = [r["bytes"] for r in sources.values()]
-    tokens_of = read_json(Path(manifest), "mixture manifest").get("tokens_of")
+    tokens_of = mixture.sources[0].tokens.tokens_of  # the sources' (one model's for all)
     return {
         "metric": "fineweb_val_loss",
         "dataset": mixture.name,
