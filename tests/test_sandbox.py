@@ -149,3 +149,16 @@ def test_refuses_without_namespaces_unless_told(monkeypatch):
         run_program("print(1)")
     result = run_program("print(1)", unsandboxed=True)
     assert result.status == PASSED and result.stdout == "1", result
+
+
+def test_a_process_that_leaves_its_session_is_killed_too():
+    body = """
+    import time
+    if os.fork() == 0:
+        os.setsid()  # out of the process group the timeout kills
+        time.sleep(60)
+        os._exit(0)
+    return True
+    """
+    assert attack(body).status == PASSED
+    assert _sandbox_processes() == 0
