@@ -16,6 +16,7 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Literal
@@ -79,6 +80,144 @@ class CompletionRequest(_Common):
     prompt: str | list[str]
 
 
+class API:
+    """The server's settings and what each route does with a request."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        api_key: str | None = None,
+        max_prompt_tokens: int | None = None,
+        max_tokens_cap: int = 512,
+    ) -> None:
+        self.engine, self.name, self.key, self.tokens_cap = (
+            engine,
+            model_name,
+            api_key,
+            max_tokens_cap,
+        )
+        self.tok = HFTokenizer(engine.tokenizer, "the model's tokenizer")
+        self.prompt_cap = min(max_prompt_tokens or engine.window - 1, engine.window - 1)
+        self.default_max_tokens = min(256, max_tokens_cap)
+
+    def check_key(self, request: Request) -> None:
+        if self.key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {self.key}".encode()):
+            raise APIError(401, "invalid API key", code="invalid_api_key")
+
+    def sampling(self, body: _Common) -> Sampling:
+        """The request's generation settings, checked: its model, max_tokens, stop strings."""
+        if body.model != self.name:
+            raise APIError(
+                404,
+                f"the model {body.model!r} does not exist; this server has {self.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        max_tokens = body.max_tokens or self.default_max_tokens
+        if max_tokens > self.tokens_cap:
+            raise APIError(
+                400,
+                f"max_tokens {max_tokens} is above this server's cap of {self.tokens_cap}",
+                param="max_tokens",
+            )
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stops) > 4:
+            raise APIError(400, "at most 4 stop sequences", param="stop")
+        return Sampling(max_tokens, body.temperature, body.top_p, body.seed, stops)
+
+    def fit(self, ids: list[int], sampling: Sampling, param: str) -> Sampling:
+        """Refuse a prompt over the cap; cut max_tokens to what the window leaves."""
+        if len(ids) > self.prompt_cap:
+            raise APIError(
+                400,
+                f"the prompt takes {len(ids)} tokens; this server takes at most {self.prompt_cap}",
+                param=param,
+                code="context_length_exceeded",
+            )
+        sampling.max_tokens = min(sampling.max_tokens, self.engine.window - len(ids))
+        return sampling
+
+    def page(self) -> str:
+        settings = {
+            "model": self.name,
+            "needsKey": self.key is not None,
+            "maxTokens": self.default_max_tokens,
+            "maxTokensCap": self.tokens_cap,
+        }
+        text = PAGE.read_text().replace("{{TITLE}}", html.escape(self.name))
+        return text.replace("{{SETTINGS}}", json.dumps(settings).replace("<", "\\u003c"))
+
+    async def answer(
+        self, request: Request, ids: list[int], sampling: Sampling, stream: bool, chat: bool
+    ) -> Any:
+        """The reply, whole or as server-sent events, once the request is in the queue."""
+        try:
+            self.engine.admit()
+        except QueueFull as e:
+            raise APIError(429, str(e), "rate_limit_exceeded", code="queue_full") from None
+        prefix, kind = ("chatcmpl", "chat.completion") if chat else ("cmpl", "text_completion")
+        head = {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.name,
+        }
+        pieces = self.engine.stream(ids, sampling, request.is_disconnected, strip_leading=chat)
+        if stream:
+            return StreamingResponse(
+                self.events(pieces, head, chat), media_type="text/event-stream"
+            )
+        try:
+            text, reason, count = "", None, 0
+            async with aclosing(pieces) as it:
+                async for piece in it:
+                    text, reason, count = text + piece.text, piece.finish_reason, piece.tokens
+        finally:
+            self.engine.release()
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": count}
+        usage["total_tokens"] = len(ids) + count
+        return {**head, "choices": [{**choice, "finish_reason": reason}], "usage": usage}
+
+    async def events(self, pieces: AsyncIterator[Piece], head: dict[str, Any], chat: bool):
+        """OpenAI's chunks: for a chat, a first delta with the role; the text; a last chunk with
+        the finish reason alone; then [DONE]."""
+        try:
+            if chat:
+                yield chunk(head, chat, None, first=True)
+            async with aclosing(pieces) as it:
+                async for piece in it:
+                    if piece.finish_reason and piece.text:  # the text, then the reason alone
+                        yield chunk(head, chat, Piece(piece.text))
+                        piece = Piece("", piece.finish_reason)
+                    yield chunk(head, chat, piece)
+            yield "data: [DONE]\n\n"
+        finally:
+            self.engine.release()
+
+
+def chunk(head: dict[str, Any], chat: bool, piece: Piece | None, first: bool = False) -> str:
+    if chat:
+        delta: dict[str, Any] = {}
+        if first:
+            delta = {"role": "assistant", "content": ""}
+        elif piece and piece.text:
+            delta = {"content": piece.text}
+        choice = {"index": 0, "delta": delta}
+    else:
+        choice = {"index": 0, "text": piece.text if piece else "", "logprobs": None}
+    body = {**head, "object": head["object"] + ".chunk" if chat else head["object"]}
+    body["choices"] = [{**choice, "finish_reason": piece.finish_reason if piece else None}]
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
 def create_app(
     engine: Engine,
     model_name: str,
@@ -86,11 +225,46 @@ def create_app(
     max_prompt_tokens: int | None = None,
     max_tokens_cap: int = 512,
 ) -> FastAPI:
+    api = API(engine, model_name, api_key, max_prompt_tokens, max_tokens_cap)
     app = FastAPI(title=f"lmpipe serve: {model_name}", docs_url=None, redoc_url=None)
     app.state.engine = engine
-    tok = HFTokenizer(engine.tokenizer, "the model's tokenizer")
-    prompt_cap = min(max_prompt_tokens or engine.window - 1, engine.window - 1)
-    default_max_tokens = min(256, max_tokens_cap)
+    add_error_handlers(app)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(api.page())
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        api.check_key(request)
+        card = {"id": model_name, "object": "model", "created": CREATED, "owned_by": "lmpipe"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request, body: ChatRequest) -> Any:
+        api.check_key(request)
+        sampling = api.sampling(body)
+        system, history, message = conversation(body.messages)
+        ids = prompt_ids(api.tok, history, message, system)
+        sampling = api.fit(ids, sampling, "messages")
+        return await api.answer(request, ids, sampling, body.stream, chat=True)
+
+    @app.post("/v1/completions")
+    async def complete(request: Request, body: CompletionRequest) -> Any:
+        api.check_key(request)
+        sampling = api.sampling(body)
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if len(prompts) != 1:
+            raise APIError(400, "one prompt a request", param="prompt")
+        ids = start_ids(api.tok) + api.tok.encode_ordinary(prompts[0])
+        sampling = api.fit(ids, sampling, "prompt")
+        return await api.answer(request, ids, sampling, body.stream, chat=False)
+
+    return app
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI's JSON: never a traceback, never FastAPI's own shape."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -114,156 +288,6 @@ def create_app(
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> JSONResponse:
         return APIError(500, f"{type(exc).__name__}: {exc}", "server_error").response()
-
-    def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise APIError(401, "invalid API key", code="invalid_api_key")
-
-    def check_common(body: _Common) -> Sampling:
-        if body.model != model_name:
-            raise APIError(
-                404,
-                f"the model {body.model!r} does not exist; this server has {model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
-        max_tokens = body.max_tokens or default_max_tokens
-        if max_tokens > max_tokens_cap:
-            raise APIError(
-                400,
-                f"max_tokens {max_tokens} is above this server's cap of {max_tokens_cap}",
-                param="max_tokens",
-            )
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        if len(stops) > 4:
-            raise APIError(400, "at most 4 stop sequences", param="stop")
-        return Sampling(max_tokens, body.temperature, body.top_p, body.seed, stops)
-
-    def check_prompt(ids: list[int], param: str) -> None:
-        if len(ids) > prompt_cap:
-            raise APIError(
-                400,
-                f"the prompt takes {len(ids)} tokens; this server takes at most {prompt_cap}",
-                param=param,
-                code="context_length_exceeded",
-            )
-
-    def fit(ids: list[int], sampling: Sampling) -> Sampling:
-        sampling.max_tokens = min(sampling.max_tokens, engine.window - len(ids))
-        return sampling
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def page() -> HTMLResponse:
-        settings = {
-            "model": model_name,
-            "needsKey": api_key is not None,
-            "maxTokens": default_max_tokens,
-            "maxTokensCap": max_tokens_cap,
-        }
-        text = PAGE.read_text().replace("{{TITLE}}", html.escape(model_name))
-        return HTMLResponse(
-            text.replace("{{SETTINGS}}", json.dumps(settings).replace("<", "\\u003c"))
-        )
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        check_key(request)
-        card = {"id": model_name, "object": "model", "created": CREATED, "owned_by": "lmpipe"}
-        return {"object": "list", "data": [card]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request, body: ChatRequest) -> Any:
-        check_key(request)
-        sampling = check_common(body)
-        system, history, message = conversation(body.messages)
-        ids = prompt_ids(tok, history, message, system)
-        check_prompt(ids, "messages")
-        return await answer(request, ids, fit(ids, sampling), body.stream, chat=True)
-
-    @app.post("/v1/completions")
-    async def complete(request: Request, body: CompletionRequest) -> Any:
-        check_key(request)
-        sampling = check_common(body)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        if len(prompts) != 1:
-            raise APIError(400, "one prompt a request", param="prompt")
-        ids = start_ids(tok) + tok.encode_ordinary(prompts[0])
-        check_prompt(ids, "prompt")
-        return await answer(request, ids, fit(ids, sampling), body.stream, chat=False)
-
-    async def answer(
-        request: Request, ids: list[int], sampling: Sampling, stream: bool, chat: bool
-    ) -> Any:
-        try:
-            engine.admit()
-        except QueueFull as e:
-            raise APIError(429, str(e), "rate_limit_exceeded", code="queue_full") from None
-        prefix, kind = ("chatcmpl", "chat.completion") if chat else ("cmpl", "text_completion")
-        head = {
-            "id": f"{prefix}-{uuid.uuid4().hex}",
-            "created": int(time.time()),
-            "model": model_name,
-        }
-        pieces = engine.stream(ids, sampling, request.is_disconnected, strip_leading=chat)
-        if not stream:
-            try:
-                async with aclosing(pieces) as it:
-                    text, reason, count = "", None, 0
-                    async for piece in it:
-                        text, reason, count = text + piece.text, piece.finish_reason, piece.tokens
-            finally:
-                engine.release()
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None}
-            usage = {
-                "prompt_tokens": len(ids),
-                "completion_tokens": count,
-                "total_tokens": len(ids) + count,
-            }
-            return {
-                **head,
-                "object": kind,
-                "choices": [{**choice, "finish_reason": reason}],
-                "usage": usage,
-            }
-
-        def chunk(piece: Piece | None, first: bool = False) -> str:
-            if chat:
-                delta: dict[str, Any] = {}
-                if first:
-                    delta = {"role": "assistant", "content": ""}
-                elif piece and piece.text:
-                    delta = {"content": piece.text}
-                choice = {"index": 0, "delta": delta}
-            else:
-                choice = {"index": 0, "text": piece.text if piece else "", "logprobs": None}
-            reason = piece.finish_reason if piece else None
-            body = {**head, "object": f"{kind}.chunk" if chat else kind}
-            body["choices"] = [{**choice, "finish_reason": reason}]
-            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-        async def events():
-            try:
-                if chat:
-                    yield chunk(None, first=True)
-                async with aclosing(pieces) as it:
-                    async for piece in it:
-                        if piece.finish_reason and piece.text:  # the text, then the reason alone
-                            yield chunk(Piece(piece.text))
-                            piece = Piece("", piece.finish_reason)
-                        yield chunk(piece)
-                yield "data: [DONE]\n\n"
-            finally:
-                engine.release()
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return app
 
 
 CREATED = int(time.time())

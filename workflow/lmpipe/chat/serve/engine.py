@@ -122,24 +122,9 @@ class Engine:
             def send(item: Any) -> None:
                 loop.call_soon_threadsafe(tokens.put_nowait, item)
 
-            def run() -> None:
-                with self._model_lock:
-                    try:
-                        generate_ids(
-                            self.model,
-                            self.tokenizer,
-                            ids,
-                            sampling.max_tokens,
-                            sampling.generate_options(),
-                            seed=sampling.seed,
-                            streamer=_Push(self, send),
-                            stopping_criteria=[_Cancelled(cancel)],
-                        )
-                        send(None)
-                    except Exception as e:  # handed to the request, which answers 500
-                        send(e)
-
-            thread = threading.Thread(target=run, name="lmpipe-generate", daemon=True)
+            thread = threading.Thread(
+                target=self._generate, args=(ids, sampling, cancel, send), daemon=True
+            )
             thread.start()
             new: list[int] = []
             sent = 0
@@ -173,6 +158,26 @@ class Engine:
             finally:
                 cancel.set()  # the client left, a stop string came, or the reply is done
                 await asyncio.shield(asyncio.to_thread(thread.join))
+
+    def _generate(
+        self, ids: list[int], sampling: Sampling, cancel: threading.Event, send: Callable
+    ) -> None:
+        """On the generation thread: each new token id, then None (or the exception) sent."""
+        with self._model_lock:
+            try:
+                generate_ids(
+                    self.model,
+                    self.tokenizer,
+                    ids,
+                    sampling.max_tokens,
+                    sampling.generate_options(),
+                    seed=sampling.seed,
+                    streamer=_Push(self, send),
+                    stopping_criteria=[_Cancelled(cancel)],
+                )
+                send(None)
+            except Exception as e:  # handed to the request, which answers 500
+                send(e)
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:
