@@ -75,6 +75,39 @@ def context_window(config: Any) -> int:
 
 
 @torch.no_grad()
+def generate_ids(
+    model: Any,
+    tokenizer: Any,
+    ids: list[int],
+    max_new_tokens: int,
+    sampling: dict[str, Any] | None = None,
+    seed: int | None = None,
+    streamer: Any = None,
+    stopping_criteria: Any = None,
+) -> list[int]:
+    """The new token ids the model's own `generate` writes after the prompt `ids`, with its KV
+    cache, cut before end-of-text. Greedy unless `sampling` holds generate's sampling options
+    (do_sample, temperature, top_k, top_p); `seed` seeds torch first. A transformers streamer
+    and stopping criteria are passed through (lmpipe.chat.serve streams and stops with them)."""
+    eot = HFTokenizer(tokenizer, "the model's tokenizer").eot_token  # the template's </s>
+    input_ids = torch.tensor([ids], device=model.device)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        use_cache=True,  # the model's own KV cache: each new token runs alone
+        eos_token_id=eot,  # the end of a reply
+        pad_token_id=eot,
+        streamer=streamer,
+        stopping_criteria=stopping_criteria,
+        **(sampling or {"do_sample": False}),
+    )
+    new = out[0, len(ids) :].tolist()
+    return new[: new.index(eot)] if eot in new else new
+
+
 def reply(
     model: Any,
     tokenizer: Any,
@@ -90,28 +123,21 @@ def reply(
     from transformers import TextStreamer
 
     window = context_window(model.config)
-    eot = HFTokenizer(tokenizer, "the model's tokenizer").eot_token  # the template's </s>
     ids = fit_prompt(tokenizer, history, message, window, min(max_new_tokens, window // 2))
-    input_ids = torch.tensor([ids], device=model.device)
-    sampling = {"do_sample": False}
+    sampling = None
     if top_k > 0:
-        torch.manual_seed(seed)
         sampling = {"do_sample": True, "top_k": top_k, "temperature": temperature}
-    out = model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=min(max_new_tokens, window - len(ids)),
-        use_cache=True,  # the model's own KV cache: each new token runs alone
-        eos_token_id=eot,  # the end of a reply
-        pad_token_id=eot,
+    new = generate_ids(
+        model,
+        tokenizer,
+        ids,
+        min(max_new_tokens, window - len(ids)),
+        sampling,
+        seed=seed if sampling else None,
         streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         if stream
         else None,
-        **sampling,
     )
-    new = out[0, len(ids) :].tolist()
-    if eot in new:
-        new = new[: new.index(eot)]
     return tokenizer.decode(new).strip()
 
 

@@ -67,14 +67,14 @@ def check_conversation(record: Any, index: int) -> tuple[str, list[tuple[str, st
     return cid, out
 
 
-def segments(turns: list[tuple[str, str]]) -> list[list[tuple[str, bool]]]:
+def segments(turns: list[tuple[str, str]], system: str = SYSTEM) -> list[list[tuple[str, bool]]]:
     """The rendered text, one list a human/gpt exchange, as (text, counts in the loss) pieces.
 
     The first exchange starts with the system line; EOT pieces stand for the end-of-text token.
     """
     exchanges = []
     for i in range(0, len(turns), 2):
-        prompt = (SYSTEM + " " if i == 0 else "") + f"USER: {turns[i][1]} ASSISTANT:"
+        prompt = (system + " " if i == 0 else "") + f"USER: {turns[i][1]} ASSISTANT:"
         exchanges.append([(prompt, False), (" " + turns[i + 1][1], True), (EOT, True)])
     return exchanges
 
@@ -84,14 +84,17 @@ def render(turns: list[tuple[str, str]]) -> str:
     return "".join(text for ex in segments(turns) for text, _ in ex)
 
 
-def prompt_ids(tok: Tokenizer, history: list[tuple[str, str]], message: str) -> list[int]:
+def prompt_ids(
+    tok: Tokenizer, history: list[tuple[str, str]], message: str, system: str = SYSTEM
+) -> list[int]:
     """Token ids of the prompt a model continues to answer `message` after `history` (human,
     gpt pairs): <s> where the tokenizer has one, the rendered conversation so far, then
-    "USER: {message} ASSISTANT:" (the system line first when there is no history). End-of-text
-    is its token, never its text."""
+    "USER: {message} ASSISTANT:" (the system line first when there is no history: the template's
+    own unless a client sends another). End-of-text is its token, never its text."""
     turns = [t for pair in history for t in (("human", pair[0]), ("gpt", pair[1]))]
-    ids = start_ids(tok) + [i for ex in segments(turns) for i in encode_exchange(tok, ex)[0]]
-    prompt = (SYSTEM + " " if not history else "") + f"USER: {message} ASSISTANT:"
+    exchanges = segments(turns, system)
+    ids = start_ids(tok) + [i for ex in exchanges for i in encode_exchange(tok, ex)[0]]
+    prompt = (system + " " if not history else "") + f"USER: {message} ASSISTANT:"
     return ids + tok.encode_ordinary(prompt)
 
 
