@@ -415,7 +415,7 @@ def check_trained_tokenizers(config: dict[str, Any]) -> None:
         if m["vocab_size"] != vocab:
             raise ConfigError(
                 f"{where}.vocab_size {m['vocab_size']} is not tokenizer {tok!r}'s {vocab}: set"
-                f" vocab_size: {vocab} (and padded_vocab_size, {-(-vocab // 64) * 64} or more)"
+                f" vocab_size: {vocab} (and padded_vocab_size: {-(-vocab // 128) * 128})"
             )
 
 
