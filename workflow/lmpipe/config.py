@@ -87,6 +87,41 @@ class TokenizeConfig:
     text_column: str = setting("text", "the raw files' column of text")
 
 
+# the split patterns a tokenizer may name (else its `pattern` is a regex of its own): GPT-2's
+# (tiktoken's r50k_pat_str) and GPT-4's (cl100k_base's, as karpathy/nanochat's
+# nanochat/tokenizer.py writes it, with GPT-4's \\p{N}{1,3} kept; nanochat takes {1,2})
+SPLIT_PATTERNS = {
+    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
+    "gpt4": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}"""
+    r"""| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+""",
+}  # fmt: skip
+BYTE_ALPHABET = 256  # a byte-level BPE's first tokens: one a byte
+EOT = "<|endoftext|>"  # a trained tokenizer's end of text (GPT-2's name)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """A byte-level BPE trained on a text dataset's training text (the train_tokenizer stage)."""
+
+    name: str  # the entry's name (not a key of it): the params add it
+    dataset: str = required("a text dataset of `datasets:`: its training text (raw files)")
+    vocab_size: int = required(
+        "ids in all: 256 bytes, the merges, then the special tokens", minimum=BYTE_ALPHABET + 1
+    )
+    pattern: str = setting(
+        "gpt4", "the split regex before BPE: `gpt2`, `gpt4` (SPLIT_PATTERNS), or a regex"
+    )
+    special_tokens: list[str] = setting(
+        [EOT], "added after the merges; `<|endoftext|>` ends each document"
+    )
+    max_documents: int | None = optional("train on the first N training documents", minimum=1)
+    max_bytes: int | None = optional("... or on the first N bytes of them", minimum=1)
+
+    @property
+    def regex(self) -> str:
+        return SPLIT_PATTERNS.get(self.pattern, self.pattern)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ConversationsConfig(Source):
     """A `kind: conversations` dataset: ShareGPT JSON -> masked token rows (lmpipe.chat.data)."""
@@ -116,6 +151,10 @@ class ModelConfig:
     vocab_size: int = setting(50257, "the tokenizer's vocabulary", minimum=1)
     padded_vocab_size: int = setting(50304, "the embedding's rows (vocab_size padded)", minimum=1)
     arch: str = setting("gpt2", "the architecture (lmpipe.registry.ARCHITECTURES)")
+    tokenizer: str | None = optional(
+        "a `tokenizers:` entry: the model reads text in its tokens (vocab_size must be its) and"
+        " its export carries it; left out, GPT-2's BPE"
+    )
 
 
 @functools.cache
@@ -708,12 +747,20 @@ def text_dataset(config: dict[str, Any], run: str) -> str:
 GPT2_VOCAB = 50257  # GPT-2's BPE: an `arch: hf` model of this vocabulary reads its tokens
 
 
+TRAINED_TOKENS = "tok-"  # tokens_of of a trained tokenizer: `tok-{name}`
+
+
 def tokens_of(config: dict[str, Any], run: str) -> str | None:
-    """The `models:` entry whose own tokenizer a run's text is tokenized with: an `arch: hf`
+    """Whose tokens a run reads (the one answer: its text, its export, its evaluations):
+    `tok-{name}` for a model with `tokenizer: name` (a tokenizer of `tokenizers:`, trained);
+    the `models:` entry whose own tokenizer a run's text is tokenized with: an `arch: hf`
     model's, unless its vocabulary is GPT-2's 50,257 (the GPT-2 family's BPE: it reads the text's
-    GPT-2 tokens, and its val loss pairs with our GPT-2 runs'); None for GPT-2's tokens."""
+    GPT-2 tokens, and its val loss pairs with our GPT-2 runs'); None for GPT-2's tokens.
+    `tokenizer_folder` turns the answer into the tokenizer's folder."""
     name = config["runs"][run]["model"]
     m = config["models"][name]
+    if m.get("tokenizer"):  # a tokenizer of `tokenizers:`, trained: tokens-tok-{name}/
+        return TRAINED_TOKENS + m["tokenizer"]
     if m.get("arch") != "hf":
         return None
     vocab = _hf_vocab(m["path"], m.get("revision"), bool(m.get("trust_remote_code")), name)
@@ -744,6 +791,26 @@ def hf_tokenizer_folder(config: dict[str, Any], model: str) -> str:
     return str(hf_folder.resolve(m["path"], m.get("revision")))
 
 
+def trained_tokenizer(key: str | None) -> str | None:
+    """The `tokenizers:` entry a tokens_of answer names, if it names one."""
+    return key.removeprefix(TRAINED_TOKENS) if key and key.startswith(TRAINED_TOKENS) else None
+
+
+def tokenizer_folder(config: dict[str, Any], key: str | None) -> str:
+    """The folder of the tokenizer a tokens_of answer names: a trained one's, an `arch: hf`
+    model's own, or GPT-2's (the config's `tokenizer`) for None."""
+    if key is None:
+        return config["tokenizer"]
+    if (name := trained_tokenizer(key)) is not None:
+        return layout(config).tokenizer_dir(name)
+    return hf_tokenizer_folder(config, key)
+
+
+def run_tokenizer_folder(config: dict[str, Any], run: str) -> str:
+    """The folder of the tokenizer run `run` reads and exports (tokens_of)."""
+    return tokenizer_folder(config, tokens_of(config, run))
+
+
 def hub_model_in(config: dict[str, Any], folder: str) -> str | None:
     """The hub model of `models:` that the download stage fetches into `folder`, if any."""
     hub = (m for m in hub_models(config) if layout(config).hub_model_dir(m) == folder)
@@ -755,6 +822,9 @@ def tokenizer_key(config: dict[str, Any], folder: str) -> str:
     revision (not downloaded yet when the DAG is planned), else its files' sha256."""
     from lmpipe import hf_folder
 
+    trained = {layout(config).tokenizer_dir(t): t for t in config.get("tokenizers", {})}
+    if folder in trained:  # not trained yet when the DAG is planned: its settings
+        return tokenizer_params(config, trained[folder])
     if (name := hub_model_in(config, folder)) is not None:
         m = config["models"][name]
         return f"{m['path']}@{m.get('revision') or 'main'}"
@@ -827,8 +897,20 @@ def tokenize_params(config: dict[str, Any], dataset: str) -> str:
     return canonical_json(d | {"dataset": dataset})
 
 
+def tokenizer_params(config: dict[str, Any], name: str) -> str:
+    """What a trained tokenizer depends on: its settings and its dataset's text column and val
+    shard (the text held out); a change retrains it, and so retokenizes and retrains its runs."""
+    t = config["tokenizers"][name]
+    data = config["datasets"][t["dataset"]]
+    return canonical_json({
+        "tokenizer": _fields_of(TokenizerConfig, t) | {"name": name},
+        "dataset": _fields_of(TokenizeConfig, data) | {"dataset": t["dataset"]},
+    })  # fmt: skip
+
+
 def tokenizing_models(config: dict[str, Any]) -> list[str]:
-    """The `arch: hf` models whose runs read text in the model's own tokens (tokens_of)."""
+    """The `arch: hf` models whose runs read text in the model's own tokens, and the trained
+    tokenizers (`tok-{name}`) some run reads (tokens_of)."""
     return sorted({m for r in config["runs"] if (m := tokens_of(config, r))})
 
 
@@ -886,6 +968,7 @@ ADDED_MODEL_KEYS: dict[str, Any] = {
     "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02, "qkv": "fused",
     "unet_skips": False, "value_embeddings": 0, "embedding_mix": False,
     "document_mask": False, "attention_window": None, "attention_window_final": None,
+    "tokenizer": None,
 }  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from lmpipe.config import (
     Source,
     SourceConfig,
     TokenizeConfig,
+    TokenizerConfig,
     TrainConfig,
 )
 from lmpipe.registry import ARCHITECTURES, EVAL_SECTIONS, OPTIMIZERS
@@ -116,6 +117,13 @@ def dataset_schema() -> dict[str, Any]:
         "else": own,
         "properties": props,
     }
+
+
+def _entry(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """An entry's schema less its `name` field, which is its key in the map, not a setting."""
+    schema["properties"].pop(name)
+    schema["required"] = [k for k in schema.get("required", []) if k != name]
+    return schema
 
 
 def _required(cls: type) -> list[str]:
@@ -314,6 +322,7 @@ TOP_LEVEL = {
     },
     "datasets": {"type": "object", "additionalProperties": ref("dataset")},
     "models": {"type": "object", "additionalProperties": ref("model")},
+    "tokenizers": {"type": "object", "default": {}, "additionalProperties": ref("tokenizer")},
     "runs": {"type": "object", "additionalProperties": ref("run")},
     "reports": {"type": "object", "additionalProperties": ref("report")},
     "sweeps": {"type": "object", "default": {}, "additionalProperties": ref("sweep")},
@@ -331,6 +340,7 @@ def config_schema() -> dict[str, Any]:
         "definitions": {
             "dataset": dataset_schema(),
             "model": model_schema(),
+            "tokenizer": _entry(section_schema(TokenizerConfig), "name"),
             "optimizer": optimizer_schema(),
             "train": section_schema(TrainConfig, optimizer=ref("optimizer")),
             "launch": section_schema(LaunchConfig),

@@ -54,6 +54,14 @@ class Layout:
     def conversations_manifest(self, dataset: str, tokens_of: str | None = None) -> str:
         return f"{self.conversations_dir(dataset, tokens_of)}/manifest.json"
 
+    def tokenizer_dir(self, name: str) -> str:
+        """A tokenizer of `tokenizers:`, trained (lmpipe.data.train_tokenizer): a folder that
+        AutoTokenizer loads, with its manifest.json."""
+        return f"{self.results}/tokenizers/{name}"
+
+    def tokenizer_manifest(self, name: str) -> str:
+        return f"{self.tokenizer_dir(name)}/manifest.json"
+
     def suite_dir(self) -> str:
         """The zero-shot suite's task data (lmpipe.eval.suite.data), one folder a task."""
         return f"{self.data}/eval_suite"

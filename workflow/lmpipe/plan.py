@@ -63,6 +63,17 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
     "tokenize_for_model": lambda c, w, gpu, cpus: costs.tokenize_job(
         c, w["dataset"], node_cpus=cpus
     ),
+    # a BPE trained on one core; nanochat's tok_train.py trains 2B characters in minutes
+    "train_tokenizer": lambda c, w, gpu, cpus: Job(
+        "train_tokenizer",
+        w["tokenizer"],
+        "cpu",
+        cpus=1,
+        mem_mb=8000,
+        limit_min=120,
+        estimate_s=600,
+        basis="assumed: 10 minutes (not measured)",
+    ),  # fmt: skip
     "mixture": lambda c, w, gpu, cpus: Job(
         "mixture", w["dataset"], "", estimate_s=5, basis="local rule: the sources' manifest"
     ),

@@ -32,7 +32,10 @@ from jsonschema import ValidationError
 from lmpipe import bases, config_schema, replicas, sweeps
 from lmpipe.config import (
     ADDED_TRAIN_KEYS,
+    BYTE_ALPHABET,
     CUDA_GRAPH_MODES,
+    EOT,
+    SPLIT_PATTERNS,
     ConfigError,
     compile_problem,
     did_you_mean,
@@ -359,6 +362,63 @@ def check_models(config: dict[str, Any]) -> None:
             raise ConfigError(f"models.{name}: padded_vocab_size is below vocab_size")
 
 
+def pattern_problem(pattern: str) -> str | None:
+    """Why a split regex does not compile in the engine that runs it (tokenizers' Oniguruma),
+    or None."""
+    from tokenizers import Regex
+
+    try:
+        Regex(pattern)
+    except Exception as e:  # tokenizers raises a bare Exception
+        return str(e).splitlines()[0]
+    return None
+
+
+def check_trained_tokenizers(config: dict[str, Any]) -> None:
+    """Each `tokenizers:` entry: a text dataset, room for the bytes and its special tokens, an
+    end of text, a pattern that compiles; each model's `tokenizer:` one of them, its vocabulary
+    the tokenizer's (our own architectures only: an `arch: hf` model has its own)."""
+    for name, t in config["tokenizers"].items():
+        where = f"tokenizers.{name}"
+        d = t["dataset"]
+        if d not in config["datasets"]:
+            raise ConfigError(
+                f"{where}.dataset: unknown dataset {d!r}{did_you_mean(d, config['datasets'])}"
+            )
+        if is_mixture(config, d) or is_conversations(config, d):
+            raise ConfigError(f"{where}.dataset: {d!r} is not a text dataset (raw text files)")
+        specials = t["special_tokens"]
+        if len(set(specials)) != len(specials):
+            raise ConfigError(f"{where}.special_tokens: {specials} repeats a token")
+        if EOT not in specials:
+            raise ConfigError(f"{where}.special_tokens: {specials} lacks {EOT} (ends a document)")
+        if t["vocab_size"] < BYTE_ALPHABET + len(specials):
+            raise ConfigError(
+                f"{where}.vocab_size {t['vocab_size']} is below the {BYTE_ALPHABET} bytes and"
+                f" {len(specials)} special token(s): at least {BYTE_ALPHABET + len(specials)}"
+            )
+        pattern = SPLIT_PATTERNS.get(t["pattern"], t["pattern"])
+        if (problem := pattern_problem(pattern)) is not None:
+            raise ConfigError(f"{where}.pattern {t['pattern']!r} does not compile: {problem}")
+    for name, m in config["models"].items():
+        if not (tok := m.get("tokenizer")):
+            continue
+        where = f"models.{name}"
+        if m["arch"] == "hf":
+            raise ConfigError(f"{where}.tokenizer: an `arch: hf` model reads its own tokenizer")
+        if tok not in config["tokenizers"]:
+            raise ConfigError(
+                f"{where}.tokenizer: unknown tokenizer {tok!r}"
+                f"{did_you_mean(tok, config['tokenizers'])} (of `tokenizers:`)"
+            )
+        vocab = config["tokenizers"][tok]["vocab_size"]
+        if m["vocab_size"] != vocab:
+            raise ConfigError(
+                f"{where}.vocab_size {m['vocab_size']} is not tokenizer {tok!r}'s {vocab}: set"
+                f" vocab_size: {vocab} (and padded_vocab_size: {-(-vocab // 128) * 128})"
+            )
+
+
 def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
     """train.compile_scope and compile_mode: meaningful only under compile; the whole model
     compiled never with a growing attention window; CUDA graphs on CUDA only, and never for
@@ -414,6 +474,7 @@ def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     check_datasets(config)
     check_models(config)
+    check_trained_tokenizers(config)
     for name, r in config["runs"].items():
         where = f"runs.{name}"
         if r["dataset"] not in config["datasets"]:
@@ -432,6 +493,11 @@ def check_config(config: dict[str, Any]) -> None:
             continue
         if "base" in r or "sft" in r:
             check_fine_tuning_run(config, name)
+            if config["models"][r["model"]].get("tokenizer"):
+                raise ConfigError(
+                    f"{where}.model: fine-tuning in a trained tokenizer's tokens (conversations"
+                    " prepared in them) is not built yet"
+                )
         elif is_conversations(config, r["dataset"]):
             raise ConfigError(f"{where}: dataset {r['dataset']!r} is conversations: add base/sft")
         elif "max_steps" not in r["train"]:

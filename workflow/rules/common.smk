@@ -152,6 +152,22 @@ def get_hub_model_input(model):
     return LAYOUT.hub_model_dir(model) if model in lmconfig.hub_models(config) else []
 
 
+def get_tokenizer_input(key):
+    """What tokens_of's answer `key` is tokenized with, where a job makes it: a trained
+    tokenizer's folder, a hub model's download; none for a local folder."""
+    if (name := lmconfig.trained_tokenizer(key)) is not None:
+        return LAYOUT.tokenizer_dir(name)
+    return get_hub_model_input(key)
+
+
+def get_run_tokenizer_input(wildcards):
+    """A run's trained tokenizer's folder (its export carries it); none for another's."""
+    key = lmconfig.tokens_of(config, wildcards.run)
+    return (
+        LAYOUT.tokenizer_dir(name) if (name := lmconfig.trained_tokenizer(key)) else []
+    )
+
+
 def get_mixture_inputs(wildcards):
     """Each source's tokens manifest, by source name: GPT-2's tokens, or the model's own."""
     sources = config["datasets"][wildcards.dataset]["mixture"]
@@ -217,6 +233,9 @@ def get_train_inputs(wildcards):
         inputs = {"data": lmconfig.text_tokens(config, wildcards.run)}
         if hub := get_hub_model_input(config["runs"][wildcards.run]["model"]):
             inputs["model"] = hub
+        # a trained tokenizer: the tasks of its evaluations during training are in its tokens
+        if tokenizer := get_run_tokenizer_input(wildcards):
+            inputs["tokenizer"] = tokenizer
     else:
         base = lmconfig.base_source(config, wildcards.run)
         inputs = {"data": lmconfig.chat_tokens(config, wildcards.run), "init": base}

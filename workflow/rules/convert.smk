@@ -5,6 +5,7 @@
 rule convert:
     input:
         final=LAYOUT.final_checkpoint("{run}"),
+        tokenizer=get_run_tokenizer_input,
     output:
         hf=directory(LAYOUT.hf_dir("{run}")),
     log:
@@ -23,7 +24,8 @@ rule convert:
         mem_mb=lambda wc: get_derived(wc, "convert", "mem_mb"),
         runtime=lambda wc: get_derived(wc, "convert", "runtime"),
     params:
-        tokenizer=config["tokenizer"],
+        # the run's tokenizer, which the export carries: GPT-2's, or a trained one's
+        tokenizer=lambda wc: lmconfig.run_tokenizer_folder(config, wc.run),
     shell:
         "python -m lmpipe.models --checkpoint {input.final:q} --tokenizer {params.tokenizer:q}"
         " --hf-out {output.hf:q} > {log} 2>&1"

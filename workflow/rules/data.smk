@@ -86,6 +86,31 @@ rule download_model:
         "python -m lmpipe.models.hub --config-json {params.cfg:q} --out {output:q} > {log} 2>&1"
 
 
+# a byte-level BPE of `tokenizers:`, trained on a text dataset's training text
+# (lmpipe.data.train_tokenizer); its settings are a param: a change retrains it, retokenizes its
+# models' text and retrains their runs, nothing else
+rule train_tokenizer:
+    input:
+        raw=lambda wc: LAYOUT.raw_manifest(
+            config["tokenizers"][wc.tokenizer]["dataset"]
+        ),
+    output:
+        directory(LAYOUT.tokenizer_dir("{tokenizer}")),
+    log:
+        LAYOUT.log("train_tokenizer", "{tokenizer}"),
+    benchmark:
+        LAYOUT.benchmark("train_tokenizer", "{tokenizer}")
+    wildcard_constraints:
+        tokenizer=one_of(list(config["tokenizers"])),
+    conda:
+        "../../envs/data.yaml"
+    params:
+        cfg=lambda wc: lmconfig.tokenizer_params(config, wc.tokenizer),
+    shell:
+        "python -m lmpipe.data train_tokenizer --config-json {params.cfg:q}"
+        " --raw-manifest {input.raw:q} --out {output:q} > {log} 2>&1"
+
+
 rule tokenize_part:
     input:
         raw=LAYOUT.raw_manifest("{dataset}"),
@@ -143,13 +168,15 @@ rule tokenize:
         " {params.from_parts} > {log} 2>&1"
 
 
-# a text dataset in an `arch: hf` model's own tokens (its continued pretraining, its val loss):
+# a text dataset in an `arch: hf` model's own tokens (its continued pretraining, its val loss),
+# or in a trained tokenizer's (`{model}` is then `tok-{name}`: lmpipe.config.tokens_of):
 # tokens-{model}/ beside GPT-2's tokens/; the tokenizer's files (or a hub model's pinned
-# revision) are a param, so a changed tokenizer reruns this and nothing else does
+# revision, or a trained one's settings) are a param, so a changed tokenizer reruns this and
+# nothing else does
 rule tokenize_for_model:
     input:
         raw=LAYOUT.raw_manifest("{dataset}"),
-        model=lambda wc: get_hub_model_input(wc.model),
+        model=lambda wc: get_tokenizer_input(wc.model),
     output:
         manifest=LAYOUT.tokens_manifest("{dataset}", "{model}"),
     log:
@@ -167,9 +194,9 @@ rule tokenize_for_model:
         runtime=lambda wc: get_derived(wc, "tokenize", "runtime"),
     params:
         cfg=lambda wc: lmconfig.tokenize_params(config, wc.dataset),
-        tokenizer=lambda wc: lmconfig.hf_tokenizer_folder(config, wc.model),
+        tokenizer=lambda wc: lmconfig.tokenizer_folder(config, wc.model),
         identity=lambda wc: lmconfig.tokenizer_key(
-            config, lmconfig.hf_tokenizer_folder(config, wc.model)
+            config, lmconfig.tokenizer_folder(config, wc.model)
         ),
         out=lambda wc: LAYOUT.tokens_dir(wc.dataset, wc.model),
     shell:

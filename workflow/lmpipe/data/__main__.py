@@ -1,4 +1,4 @@
-"""`python -m lmpipe.data download|tokenize|mixture ...` (the data rules)."""
+"""`python -m lmpipe.data download|tokenize|train_tokenizer|mixture ...` (the data rules)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 COMMANDS = {
     "download": "lmpipe.data.download",
     "tokenize": "lmpipe.data.tokenize",
+    "train_tokenizer": "lmpipe.data.train_tokenizer",
     "mixture": "lmpipe.data.mixture",
 }
 

@@ -114,7 +114,10 @@ class HFTokenizer:
 
 def model_tokenizer(model_dir: str | Path, gpt2_dir: str | Path) -> Tokenizer:
     """The tokenizer a model folder is scored in: GPT-2's tiktoken encoding (from `gpt2_dir`)
-    for our own GPT-2-tokenized architectures (config.json's `lmpipe_arch` names one); for any
+    for our own GPT-2-tokenized architectures (config.json's `lmpipe_arch` names one), the
+    folder's own where config.json's `lmpipe_tokenizer` names the trained tokenizer the export
+    carries (lmpipe.data.train_tokenizer; a marker, not the files' presence: every export of
+    ours carries tokenizer files, GPT-2's read by tiktoken as before); for any
     other folder (a `model.arch: hf` export, a reference run's Hugging Face folder) the folder's
     own tokenizer, and GPT-2's only where it has none and its vocabulary is GPT-2's."""
     import json
@@ -123,8 +126,8 @@ def model_tokenizer(model_dir: str | Path, gpt2_dir: str | Path) -> Tokenizer:
 
     config = Path(model_dir) / "config.json"
     data = json.loads(config.read_text()) if config.is_file() else {}
-    if data.get("lmpipe_arch") not in (None, "hf"):
-        return load_tokenizer(gpt2_dir)
+    if data.get("lmpipe_arch") not in (None, "hf"):  # our own: a trained tokenizer's, marked
+        return load_tokenizer(model_dir if data.get("lmpipe_tokenizer") else gpt2_dir)
     if any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
         return load_tokenizer(model_dir)
     if data.get("vocab_size") == GPT2_VOCAB:

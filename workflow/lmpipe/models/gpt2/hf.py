@@ -88,6 +88,32 @@ def gpt2_tokenizer(tokenizer_dir: str | Path):
     )
 
 
+def export_tokenizer(tokenizer_dir: str | Path, vocab_size: int):
+    """The tokenizer an export carries, and the name config.json marks it with
+    (`lmpipe_tokenizer`, which lmpipe.data.tokenizer.model_tokenizer reads): GPT-2's, None, from
+    OpenAI's files; a trained one's (lmpipe.data.train_tokenizer), its `tokenizers:` name, from
+    its folder. Its ids must be the model's vocabulary."""
+    d = Path(tokenizer_dir)
+    if (d / "encoder.json").is_file():
+        tokenizer, marker = gpt2_tokenizer(d), None
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+        marker = json.loads((d / "manifest.json").read_text())["name"]
+    assert len(tokenizer) == vocab_size, f"{d}: {len(tokenizer)} ids, the model {vocab_size}"
+    return tokenizer, marker
+
+
+def mark_tokenizer(out_dir: str | Path, marker: str | None) -> None:
+    """config.json's `lmpipe_tokenizer`: the trained tokenizer the folder carries, if one."""
+    if marker is None:
+        return
+    config = Path(out_dir) / "config.json"
+    data = json.loads(config.read_text())
+    config.write_text(json.dumps(data | {"lmpipe_tokenizer": marker}, indent=2) + "\n")
+
+
 def write_hf(model: GPT, tokenizer_dir: str | Path, out_dir: str | Path, meta: dict) -> None:
     """Save a GPT2LMHeadModel + tokenizer folder; every key and shape checked against HF's own."""
     from transformers import GPT2LMHeadModel
@@ -103,9 +129,10 @@ def write_hf(model: GPT, tokenizer_dir: str | Path, out_dir: str | Path, meta: d
     hf_model.load_state_dict(ours, strict=True)
     hf_model.tie_weights()
     hf_model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer = gpt2_tokenizer(tokenizer_dir)
+    tokenizer, marker = export_tokenizer(tokenizer_dir, model.config.vocab_size)
     tokenizer.model_max_length = model.config.block_size
     tokenizer.save_pretrained(out_dir)
+    mark_tokenizer(out_dir, marker)
     (Path(out_dir) / LMPIPE_META).write_text(json.dumps(meta, indent=1) + "\n")
 
 

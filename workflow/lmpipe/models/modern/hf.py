@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from lmpipe.config import model_config
 from lmpipe.models import LMPIPE_META
-from lmpipe.models.gpt2.hf import gpt2_tokenizer
+from lmpipe.models.gpt2.hf import export_tokenizer, mark_tokenizer
 from lmpipe.models.modern.model import ModernGPT
 
 FORMAT = "lmpipe native: model.safetensors is lmpipe.models.modern's state dict"
@@ -51,9 +51,10 @@ def write_hf(model: ModernGPT, tokenizer_dir: str | Path, out_dir: str | Path, m
         "vocab_size": c.vocab_size,
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    tokenizer = gpt2_tokenizer(tokenizer_dir)
+    tokenizer, marker = export_tokenizer(tokenizer_dir, c.vocab_size)
     tokenizer.model_max_length = c.block_size
     tokenizer.save_pretrained(out_dir)
+    mark_tokenizer(out_dir, marker)
     (out_dir / LMPIPE_META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
