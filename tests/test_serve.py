@@ -335,3 +335,48 @@ def test_the_chat_page_streams_a_reply_in_chromium(server):
     assert partial, "the reply appeared only once complete"
     errors = [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
     assert errors == []
+
+
+def test_lm_eval_local_completions_on_the_server_scores_as_its_hf_model(model_dir, loaded):
+    """lm-eval's `local-completions` model pointed at the server (echo + logprobs: each
+    prompt token's log-probability) gives the log-likelihoods and answers lm-eval's `hf` model
+    gives on the same folder, item by item (HellaSwag, 10 items)."""
+    import numpy as np
+
+    from conftest import RESOURCES
+    from lmpipe.chat.serve.app import create_app
+    from lmpipe.chat.serve.engine import Engine
+    from lmpipe.eval.harness import LM_EVAL_TASK, run_local_tasks, write_lm_eval_task
+
+    items = RESOURCES / "hellaswag_val_sample.jsonl"
+    app = create_app(Engine(*loaded), NAME, max_tokens_cap=TOKENS_CAP)
+    sock = bind("127.0.0.1", 0)
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/completions"
+
+    def samples(model: str, args: dict | None) -> list[dict]:
+        out = run_local_tasks(
+            model_dir, [LM_EVAL_TASK], lambda work: write_lm_eval_task(items, work), 10, 1,
+            log_samples=True, bootstrap_iters=0, model=model, model_args=args,
+        )  # fmt: skip
+        return sorted(out["samples"][LM_EVAL_TASK], key=lambda s: s["doc_id"])
+
+    try:
+        served = samples("local-completions", {
+            "base_url": url, "model": NAME, "tokenizer": str(model_dir),
+            "tokenizer_backend": "huggingface", "tokenized_requests": True,
+            "num_concurrent": 1, "max_retries": 1,
+        })  # fmt: skip
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+    local = samples("hf", None)
+    theirs = np.array([[r[0] for r in s["filtered_resps"]] for s in local])
+    ours = np.array([[r[0] for r in s["filtered_resps"]] for s in served])
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
+    assert [s["acc"] for s in served] == [s["acc"] for s in local]
+    assert [s["acc_norm"] for s in served] == [s["acc_norm"] for s in local]

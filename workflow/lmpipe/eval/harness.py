@@ -87,6 +87,7 @@ def run_local_tasks(
     log_samples: bool = False,
     bootstrap_iters: int = 100_000,
     model: str | None = None,
+    model_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One `simple_evaluate` of `tasks` (zero-shot, float32); returns lm-eval's results dict.
 
@@ -94,7 +95,9 @@ def run_local_tasks(
     those are indexed (they include lm-eval's by absolute path, so indexing lm-eval's thousands
     of task files, a minute on two cores, would buy nothing) and the hub is never reached.
     `write` None: lm-eval's own tasks and data (the internet). `model`: lm-eval's model (`hf` or
-    `lmpipe`; None: the folder's, `harness_model`). `bootstrap_iters` 0: no standard errors.
+    `lmpipe`; None: the folder's, `harness_model`), and its `model_args` (None: the folder,
+    float32; another model's, e.g. `local-completions` pointed at `lmpipe serve`).
+    `bootstrap_iters` 0: no standard errors.
     """
     if write is not None:
         offline()
@@ -112,7 +115,7 @@ def run_local_tasks(
         )
         return lm_eval.simple_evaluate(
             model=model,
-            model_args={"pretrained": str(model_dir), "dtype": "float32"},
+            model_args=model_args or {"pretrained": str(model_dir), "dtype": "float32"},
             tasks=tasks,
             task_manager=manager,
             num_fewshot=0,

@@ -77,7 +77,10 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str]
+    # text, texts, token ids, or lists of token ids (lm-eval's `local-completions` sends ids)
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
 
 
 class API:
@@ -140,6 +143,60 @@ class API:
             )
         sampling.max_tokens = min(sampling.max_tokens, self.engine.window - len(ids))
         return sampling
+
+    def prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        """A completion request's prompts as token ids: text encoded after <s> where the
+        tokenizer has one; ids as given."""
+        many = (
+            prompt
+            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+            else [prompt]
+        )
+        if not many or any(isinstance(p, list) and not p for p in many):
+            raise APIError(400, "an empty prompt", param="prompt")
+        ids = [p if isinstance(p, list) else start_ids(self.tok) + self.tok.encode_ordinary(p)
+               for p in many]  # fmt: skip
+        if any(i < 0 or i >= self.tok.n_vocab for p in ids for i in p):
+            raise APIError(
+                400, f"a token id outside the vocabulary of {self.tok.n_vocab}", param="prompt"
+            )
+        return ids
+
+    async def scored(self, body: CompletionRequest, prompts: list[list[int]]) -> dict[str, Any]:
+        """`echo` with `logprobs`: each prompt's tokens with their log-probabilities and top
+        `logprobs` alternatives, then the greedy next token (OpenAI's legacy completions, as
+        lm-eval's `local-completions` model reads them: `token_logprobs`, `top_logprobs`)."""
+        self.sampling(body)  # the model's name
+        if (body.max_tokens or 1) > 1 or body.stream:
+            raise APIError(
+                400, "with echo and logprobs: max_tokens 1 and no stream", param="max_tokens"
+            )
+        for ids in prompts:
+            self.fit(ids, Sampling(1, 0.0, 1.0, None, []), "prompt")
+        try:
+            self.engine.admit()
+        except QueueFull as e:
+            raise APIError(429, str(e), "rate_limit_exceeded", code="queue_full") from None
+        try:
+            results = await self.engine.score(prompts, max(1, body.logprobs or 1))
+        finally:
+            self.engine.release()
+        word = lambda i: self.tok.decode([i])  # noqa: E731
+        choices = []
+        for index, r in enumerate(results):
+            top = [None if t is None else {word(i): lp for i, lp in t.items()} for t in r.top]
+            logprobs = {"tokens": [word(i) for i in r.ids], "token_logprobs": r.logprobs,
+                        "top_logprobs": top, "text_offset": None}  # fmt: skip
+            text = self.tok.decode(r.ids)
+            choices.append({"index": index, "text": text, "logprobs": logprobs,
+                            "finish_reason": "length"})  # fmt: skip
+        prompt_tokens = sum(len(p) for p in prompts)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+            "created": int(time.time()), "model": self.name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(prompts),
+                      "total_tokens": prompt_tokens + len(prompts)},
+        }  # fmt: skip
 
     def page(self) -> str:
         settings = {
@@ -252,13 +309,14 @@ def create_app(
     @app.post("/v1/completions")
     async def complete(request: Request, body: CompletionRequest) -> Any:
         api.check_key(request)
+        prompts = api.prompts(body.prompt)
+        if body.echo and body.logprobs is not None:
+            return await api.scored(body, prompts)
         sampling = api.sampling(body)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
-            raise APIError(400, "one prompt a request", param="prompt")
-        ids = start_ids(api.tok) + api.tok.encode_ordinary(prompts[0])
-        sampling = api.fit(ids, sampling, "prompt")
-        return await api.answer(request, ids, sampling, body.stream, chat=False)
+            raise APIError(400, "one prompt a request (or echo with logprobs)", param="prompt")
+        sampling = api.fit(prompts[0], sampling, "prompt")
+        return await api.answer(request, prompts[0], sampling, body.stream, chat=False)
 
     return app
 

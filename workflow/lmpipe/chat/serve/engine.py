@@ -54,6 +54,16 @@ class Piece:
     tokens: int = 0  # on the last piece: the reply's tokens
 
 
+@dataclass
+class Scored:
+    """A scored prompt and the token after it: each token's log-probability (None for the
+    first, which nothing predicts) and, from each position, the `top` most likely next ids."""
+
+    ids: list[int]
+    logprobs: list[float | None]
+    top: list[dict[int, float] | None]
+
+
 class _Push:
     """A transformers streamer handing each new token id to the event loop (the first `put` is
     the prompt, skipped), counting every token generated on the engine."""
@@ -158,6 +168,40 @@ class Engine:
             finally:
                 cancel.set()  # the client left, a stop string came, or the reply is done
                 await asyncio.shield(asyncio.to_thread(thread.join))
+
+    async def score(self, prompts: list[list[int]], top: int) -> list[Scored]:
+        """Each prompt's tokens' log-probabilities and the greedy next token (an admitted
+        request's turn in the queue, on a thread): what OpenAI's completions give with `echo`
+        and `logprobs`, which lm-eval's `local-completions` model scores log-likelihoods by."""
+        async with self._turn:
+            return await asyncio.to_thread(self._score, prompts, top)
+
+    @torch.no_grad()
+    def _score(self, prompts: list[list[int]], top: int) -> list[Scored]:
+        device = next(self.model.parameters()).device
+        out = []
+        with self._model_lock:
+            for ids in prompts:
+                logits = self.model(torch.tensor([ids], device=device)).logits[0].float()
+                logp = torch.log_softmax(logits, dim=-1)  # (T, V): position t predicts t + 1
+                given = logp[:-1].gather(1, torch.tensor(ids[1:], device=device)[:, None])
+                best = logp.topk(top, dim=-1)
+                nxt = int(best.indices[-1, 0])
+                self.tokens_generated += 1
+                out.append(
+                    Scored(
+                        ids + [nxt],
+                        [None, *given[:, 0].tolist(), float(best.values[-1, 0])],
+                        [None]
+                        + [
+                            dict(zip(map(int, i), map(float, v), strict=True))
+                            for i, v in zip(
+                                best.indices.tolist(), best.values.tolist(), strict=True
+                            )
+                        ],
+                    )
+                )
+        return out
 
     def _generate(
         self, ids: list[int], sampling: Sampling, cancel: threading.Event, send: Callable
