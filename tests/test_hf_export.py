@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 import torch
+from hf_models import make_model
 
 from conftest import TOKENIZER_DIR
-from hf_models import make_model
 from lmpipe.chat.template import prompt_ids
 from lmpipe.config import model_config
 from lmpipe.data.tokenizer import model_tokenizer
@@ -91,9 +91,9 @@ def test_a_modern_export_missing_a_shipped_module_fails_to_load(tmp_path):
     model = build_model(modern_config(**SHAPE)).eval()
     write_hf(model, TOKENIZER_DIR, tmp_path / "hf", {})
     (tmp_path / "hf" / "lmpipe_modern_attention.py").unlink()
+    idx = torch.zeros(1, 4, dtype=torch.long)
     with torch.no_grad():
-        torch.save({"idx": torch.zeros(1, 4, dtype=torch.long),
-                    "logits": model(torch.zeros(1, 4, dtype=torch.long))[0]}, tmp_path / "ref.pt")  # fmt: skip
+        torch.save({"idx": idx, "logits": model(idx)[0]}, tmp_path / "ref.pt")
     run = transformers_alone(tmp_path / "hf", tmp_path / "ref.pt", tmp_path)
     assert run.returncode != 0 and "lmpipe_modern_attention" in run.stderr
 

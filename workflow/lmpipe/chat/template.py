@@ -12,8 +12,9 @@ re-tokenizing each part (with a hard-coded offset for LLaMA's tokenizer); the pi
 tokenized one by one instead, so the mask is exact by construction. Training rows
 (lmpipe.chat.data) and the prompts a chat sends (lmpipe.chat.cli, lmpipe.chat.evals) are both
 rendered here, so a model is asked in exactly the form it was taught; every chat run's export
-carries the same template as its tokenizer's `chat_template` (lmpipe.data.chat_format.CHAT_TEMPLATE),
-so transformers' `apply_chat_template` asks it in that form too. With GPT-2's BPE the space
+carries the same template as its tokenizer's `chat_template`
+(lmpipe.data.chat_format.CHAT_TEMPLATE), so transformers' `apply_chat_template` asks it in that
+form too. With GPT-2's BPE the space
 after "ASSISTANT:" belongs to the reply's first token (" I"), so a prompt ends with "ASSISTANT:"
 exactly as FastChat's does.
 """

@@ -44,8 +44,9 @@ SHIPPED = {
         {
             "from lmpipe.config import ModelConfig, model_config\n": (
                 "from typing import Any\n\n"
-                "# shipped without lmpipe: the config is config.json's `model` as attributes; lmpipe's\n"
-                "# config check (modern_config) and FLOPs registry (flops_per_token) are not here\n"
+                "# shipped without lmpipe: the config is config.json's `model` as attributes;\n"
+                "# lmpipe's config check (modern_config) and FLOPs registry (flops_per_token)\n"
+                "# are not here\n"
                 "ModelConfig = Any\n"
                 "model_config = ARCHITECTURES = None\n"
             ),
