@@ -11,7 +11,10 @@ closing it do. FastChat tokenizes the whole text and finds the instruction lengt
 re-tokenizing each part (with a hard-coded offset for LLaMA's tokenizer); the pieces here are
 tokenized one by one instead, so the mask is exact by construction. Training rows
 (lmpipe.chat.data) and the prompts a chat sends (lmpipe.chat.cli, lmpipe.chat.evals) are both
-rendered here, so a model is asked in exactly the form it was taught. With GPT-2's BPE the space
+rendered here, so a model is asked in exactly the form it was taught; every chat run's export
+carries the same template as its tokenizer's `chat_template`
+(lmpipe.data.chat_format.CHAT_TEMPLATE), so transformers' `apply_chat_template` asks it in that
+form too. With GPT-2's BPE the space
 after "ASSISTANT:" belongs to the reply's first token (" I"), so a prompt ends with "ASSISTANT:"
 exactly as FastChat's does.
 """
@@ -20,13 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from lmpipe.data.chat_format import SYSTEM
 from lmpipe.data.tokenizer import EOT, Tokenizer, bos_id
 
-# FastChat's vicuna_v1.1 template
-SYSTEM = (
-    "A chat between a curious user and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the user's questions."
-)
+# FastChat's vicuna_v1.1 template; its system line and its Jinja form (the exports' tokenizers'
+# chat_template) are defined in lmpipe.data.chat_format
 ROLES = {"human": "USER", "gpt": "ASSISTANT"}
 TEMPLATES = ("vicuna_v1.1",)
 

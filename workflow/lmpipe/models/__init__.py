@@ -21,7 +21,9 @@ nn.Module that knows nothing of parallelism and offers what the trainer and eval
 The package also brings its export adapters: `write_hf(model, tokenizer_dir, out_dir, meta)`,
 `load_hf(hf_dir)` and, where the format can hold it, `write_llmc(model, path)`. `write_hf` writes
 model/hf/: a transformers folder (GPT-2) or, where no transformers class computes the model's
-logits (modern), a native one; its config.json's `lmpipe_arch` tells `load_hf` (build.py) which.
+logits (modern), a native one that ships its model code for transformers' trust_remote_code
+(modern/hf.py); its config.json's `lmpipe_arch` tells `load_hf` (build.py) which. A chat run's
+folder carries the Vicuna template as its tokenizer's chat_template (lmpipe.data.chat_format).
 
 And its shape, `shape.py`: torch-free, what the architecture is without building it: its
 parameters (`num_params`), the FLOPs' N where not all of them (`flops_params`), its attention

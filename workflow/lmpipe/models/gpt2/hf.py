@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from lmpipe.data.chat_format import add_chat_template
 from lmpipe.data.tokenizer import EOT, EOT_ID, gpt2_encoding
 from lmpipe.models import LMPIPE_META
 from lmpipe.models.gpt2.model import GPT, GPTConfig
@@ -115,7 +116,8 @@ def mark_tokenizer(out_dir: str | Path, marker: str | None) -> None:
 
 
 def write_hf(model: GPT, tokenizer_dir: str | Path, out_dir: str | Path, meta: dict) -> None:
-    """Save a GPT2LMHeadModel + tokenizer folder; every key and shape checked against HF's own."""
+    """Save a GPT2LMHeadModel + tokenizer folder (a chat run's with its chat_template); every key
+    and shape checked against HF's own."""
     from transformers import GPT2LMHeadModel
 
     hf_model = GPT2LMHeadModel(hf_config(model.config))
@@ -131,6 +133,7 @@ def write_hf(model: GPT, tokenizer_dir: str | Path, out_dir: str | Path, meta: d
     hf_model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer, marker = export_tokenizer(tokenizer_dir, model.config.vocab_size)
     tokenizer.model_max_length = model.config.block_size
+    add_chat_template(tokenizer, meta)  # a chat run's: the Vicuna template
     tokenizer.save_pretrained(out_dir)
     mark_tokenizer(out_dir, marker)
     (Path(out_dir) / LMPIPE_META).write_text(json.dumps(meta, indent=1) + "\n")

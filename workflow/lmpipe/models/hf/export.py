@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from lmpipe.config import model_config
+from lmpipe.data.chat_format import add_chat_template
 from lmpipe.models import LMPIPE_META
 from lmpipe.models.hf.model import HFCausalLM, load_pretrained
 
@@ -16,7 +17,8 @@ def write_hf(
     model: HFCausalLM, tokenizer_dir: str | Path | None, out_dir: str | Path, meta: dict
 ) -> None:
     """Save the weights (safetensors), config.json, the tokenizer (the base's own folder's, not
-    `tokenizer_dir`, which is GPT-2's) and lmpipe_meta.json."""
+    `tokenizer_dir`, which is GPT-2's; a chat run's with the Vicuna chat_template) and
+    lmpipe_meta.json."""
     from transformers import AutoTokenizer
 
     out_dir = Path(out_dir)
@@ -29,6 +31,7 @@ def write_hf(
     tokenizer = AutoTokenizer.from_pretrained(
         model.folder, local_files_only=True, trust_remote_code=model.config.trust_remote_code
     )
+    add_chat_template(tokenizer, meta)  # a chat run's: the Vicuna template, not the base's
     tokenizer.save_pretrained(out_dir)
     (out_dir / LMPIPE_META).write_text(json.dumps(meta, indent=1) + "\n")
 
