@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: setup demo sweep-demo mixture-demo seeds-demo test test-fast lint bench clean
+.PHONY: setup demo sweep-demo mixture-demo tokenizer-demo seeds-demo test test-fast lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,12 @@ sweep-demo: setup
 mixture-demo: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_mixture.html
 	@echo "report: $$(pwd)/results/report_mixture.html"
+
+## embedded-a beside the same run in a 4,096-id tokenizer trained on the embedded sample
+## (config `tokenizers.embedded-4k`), compared by bits per byte (about 19 min on 2 busy cores)
+tokenizer-demo: setup
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/snakemake --cores $(CORES) results/report_tokenizer.html
+	@echo "report: $$(pwd)/results/report_tokenizer.html"
 
 ## two recipes, three seeds each: comparisons over seeds (about 15 min on 2 cores)
 seeds-demo: setup

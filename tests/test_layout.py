@@ -41,6 +41,8 @@ GROUND = {
     "import_noise",
     "replicas",
     "stats",
+    "manifests",
+    "llmc_shards",
 }
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and

@@ -93,7 +93,7 @@ MANIFESTS = {
     "not_json": ('{"shards": [', ["not valid JSON"]),
     "no_shards": ('{"dataset": "t"}', ["not a tokens manifest", "KeyError: 'shards'"]),
     "no_split": ('{"shards": [{"file": "a.bin"}]}', ["not a tokens manifest", "KeyError: 'split'"]),
-    "not_a_mapping": ("[1, 2]", ["not a tokens manifest", "TypeError"]),
+    "not_a_mapping": ("[1, 2]", ["not a tokens manifest", "a JSON list"]),
     "no_train": ('{"shards": [{"file": "a.bin", "split": "val"}]}', ["no 'train' shards listed"]),
 }
 

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from lmpipe import config as lmconfig
+from lmpipe import manifests
 from lmpipe.eval.suite.tasks import TASKS as SUITE_TASKS  # a definition module (no stage code)
 from lmpipe.hardware import GPU_BF16_PEAK, GPU_MEMORY_GB, by_gpu, gpu_peak_flops
 from lmpipe.hf_config import read_shape
@@ -234,10 +235,8 @@ def train_tokens(config: dict[str, Any], dataset: str) -> float:
     dataset_tokens."""
     manifest = Path(lmconfig.layout(config).tokens_manifest(dataset))
     if manifest.is_file():
-        # read here, not through lmpipe.data.shards: the plan's layer imports no stage package
-        shards = json.loads(manifest.read_text()).get("shards", [])
-        counted = sum(s.get("tokens") or 0 for s in shards if s.get("split") == "train")
-        if counted:
+        tokens = manifests.read_object(manifest, "tokens manifest")
+        if "shards" in tokens and (counted := manifests.read_tokens(manifest).tokens("train")):
             return float(counted)
     return dataset_tokens(config, dataset)
 

@@ -68,18 +68,6 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     os.replace(tmp, path)
 
 
-def read_json(path: str | Path, what: str) -> Any:
-    """A JSON file's content; a missing file or bad JSON is an error naming the file and `what`
-    it should be ("tokens manifest")."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: {what} not found") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-
-
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     """Hex sha256 of a file, read in chunks (shards and parquet files are hundreds of MB)."""
     h = hashlib.sha256()

@@ -23,13 +23,14 @@ hooks it into Snakemake's DAG from the Snakefile.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-MANIFEST = "manifest.json"
+from lmpipe import manifests
+
+MANIFEST = manifests.MANIFEST
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,12 @@ def half_written(path: str) -> str | None:
     if p.name != MANIFEST or not p.is_file():
         return None
     try:
-        manifest = json.loads(p.read_text())
-    except (OSError, ValueError):
+        manifest = manifests.read_object(p, "manifest")
+    except manifests.ManifestNotFound:
+        return None
+    except (OSError, manifests.ManifestError):
         return "not readable JSON"
-    for name in listed(manifest) if isinstance(manifest, dict) else []:
+    for name in listed(manifest):
         if not (p.parent / name).exists():
             return f"half-written ({name}, which it lists, is missing)"
     return None

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lmpipe import manifests
 from lmpipe.chat.template import (
     TEMPLATES,
     MalformedConversation,
@@ -212,7 +213,7 @@ def _write(prepared: Prepared, cfg: ConversationsConfig, tmp: Path) -> dict[str,
         "truncated_ids": prepared.truncated[:MAX_LISTED_IDS],
         "shards": shards,
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    manifests.write(tmp / manifests.MANIFEST, manifest, indent=1)
     return manifest
 
 

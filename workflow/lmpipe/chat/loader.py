@@ -6,64 +6,20 @@ held-out loss, `load_split` below)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from lmpipe import manifests
 from lmpipe.data.loader import DataShare, ValSet, share_of
-from lmpipe.files import read_json
 
-
-@dataclass(frozen=True)
-class ManifestArray:
-    """An array file as the conversations manifest lists it; `file` is its path."""
-
-    file: Path
-    split: str  # "train" or "val"
-    array: str  # "inputs" or "targets"
-    sha256: str | None
-
-
-@dataclass(frozen=True)
-class ConversationsManifest:
-    path: Path
-    seq_len: int
-    arrays: list[ManifestArray]
-    kept: dict[str, int]  # conversations a split holds
-
-    def rows(self, split: str) -> int:
-        """Conversations `split` holds, as the preparation counted them."""
-        if split not in self.kept:
-            raise ValueError(f"{self.path}: no `kept` count of split {split!r}")
-        return self.kept[split]
-
-    def identity(self) -> list[str]:
-        """The arrays' sha256 (a file's name where none is listed): the data's identity."""
-        return [a.sha256 if a.sha256 is not None else a.file.name for a in self.arrays]
-
-
-def read_manifest(path: str | Path) -> ConversationsManifest:
-    """A conversations manifest.json (`kind: conversations`, `seq_len`, `shards` each with
-    `file`, `split` and `array`); a missing file, bad JSON or a missing key names the file."""
-    path = Path(path)
-    m = read_json(path, "conversations manifest")
-    if not isinstance(m, dict) or m.get("kind") != "conversations":
-        kind = m.get("kind") if isinstance(m, dict) else None
-        raise ValueError(f"{path}: not a conversations manifest (kind {kind!r})")
-    try:
-        arrays = [
-            ManifestArray(path.parent / s["file"], s["split"], s["array"], s.get("sha256"))
-            for s in m["shards"]
-        ]
-        return ConversationsManifest(path, int(m["seq_len"]), arrays, dict(m.get("kept", {})))
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(
-            f"{path}: not a conversations manifest (`seq_len`, `shards` each with `file`,"
-            f" `split` and `array`; {type(e).__name__}: {e})"
-        ) from None
+# the conversations manifest's reader and types are lmpipe.manifests'; named here as the chat
+# stage has always named them
+ManifestArray = manifests.ManifestArray
+ConversationsManifest = manifests.ConversationsManifest
+read_manifest = manifests.read_conversations
 
 
 def load_split(manifest_path: str | Path, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -33,12 +33,13 @@ from typing import Any
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from lmpipe import manifests
 from lmpipe.config import SourceConfig, build
-from lmpipe.files import atomic_file, sha256_file, write_text_atomic
+from lmpipe.files import atomic_file, sha256_file
 
 log = logging.getLogger("lmpipe.download")
 
-MANIFEST = "manifest.json"
+MANIFEST = manifests.MANIFEST
 
 
 def count_rows(path: Path) -> int:
@@ -69,7 +70,7 @@ def write_manifest(out: Path, files: list[Path], source: dict[str, Any]) -> dict
         "rows": sum(e["rows"] for e in entries),
         "bytes": sum(e["bytes"] for e in entries),
     }
-    write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    manifests.write(out / MANIFEST, manifest)
     return manifest
 
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmpipe import manifests
 from lmpipe.data.shards import TokensManifest, read_manifest
-from lmpipe.files import read_json, write_text_atomic
 
 log = logging.getLogger("lmpipe.mixture")
 
@@ -64,30 +64,20 @@ class Mixture:
         return {s.name: s.weight for s in self.sources}
 
 
-def is_mixture(manifest: str | Path) -> bool:
-    """Whether a tokens manifest is a mixture's (it lists sources, not shards)."""
-    return "mixture" in read_json(Path(manifest), "tokens manifest")
+is_mixture = manifests.is_mixture
 
 
 def read_mixture(path: str | Path) -> Mixture:
     """A mixture's manifest; each source's own manifest read (and checked) too."""
-    path = Path(path)
-    data = read_json(path, "mixture manifest")
-    try:
-        entries = {n: (float(e["weight"]), e["manifest"]) for n, e in data["mixture"].items()}
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise ValueError(
-            f"{path}: not a mixture manifest (`mixture`: name -> weight and manifest;"
-            f" {type(e).__name__}: {e})"
-        ) from None
+    m = manifests.read_mixture(path)
     sources = []
-    for name, (weight, manifest) in sorted(entries.items()):
+    for name, (weight, manifest) in sorted(m.sources.items()):
         try:
-            tokens = read_manifest(os.path.normpath(path.parent / manifest))
+            tokens = read_manifest(os.path.normpath(manifest))
         except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: source {name!r}: {e}") from None
+            raise ValueError(f"{m.path}: source {name!r}: {e}") from None
         sources.append(Source(name, weight, tokens))
-    return Mixture(path, data.get("dataset", path.parent.parent.name), sources)
+    return Mixture(m.path, m.dataset, sources)
 
 
 def text_sources(path: str | Path) -> Mixture:
@@ -96,12 +86,12 @@ def text_sources(path: str | Path) -> Mixture:
     path = Path(path)
     if is_mixture(path):
         return read_mixture(path)
-    name = read_json(path, "tokens manifest").get("dataset", path.parent.parent.name)
+    name = manifests.dataset_of(path)
     return Mixture(path, name, [Source(name, 1.0, read_manifest(path))])
 
 
 def write_mixture(
-    out: Path, name: str, weights: dict[str, float], manifests: dict[str, Path]
+    out: Path, name: str, weights: dict[str, float], sources: dict[str, Path]
 ) -> None:
     """The mixture's manifest: weights normalised to sum to 1, each source's manifest by a path
     relative to it (the data folder can move as a whole)."""
@@ -109,12 +99,12 @@ def write_mixture(
     entries = {
         name: {
             "weight": weights[name] / total,
-            "manifest": os.path.relpath(Path(manifests[name]).resolve(), out.parent.resolve()),
+            "manifest": os.path.relpath(Path(sources[name]).resolve(), out.parent.resolve()),
         }
         for name in sorted(weights)
     }
     # the sources' tokens: GPT-2's, or one `arch: hf` model's own (tokens-{model}/) for all
-    tokens_of = {read_json(Path(m), "tokens manifest").get("tokens_of") for m in manifests.values()}
+    tokens_of = {manifests.tokens_of(m) for m in sources.values()}
     if len(tokens_of) > 1:
         raise ValueError(
             f"{out}: the sources are in different tokens ({sorted(map(str, tokens_of))})"
@@ -122,7 +112,7 @@ def write_mixture(
     manifest = {"dataset": name, "mixture": entries}
     if (model := tokens_of.pop()) is not None:
         manifest["tokens_of"] = model
-    write_text_atomic(out, json.dumps(manifest, indent=2) + "\n")
+    manifests.write(out, manifest)
 
 
 def draw_rows(weights: list[float], taken: list[int], rows: int) -> list[int]:
@@ -147,12 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     weights = json.loads(args.weights_json)
-    manifests = dict(s.split("=", 1) for s in args.source)
-    if set(manifests) != set(weights):
-        p.error(f"--source names {sorted(manifests)} differ from the weights' {sorted(weights)}")
-    for path in manifests.values():
+    sources = dict(s.split("=", 1) for s in args.source)
+    if set(sources) != set(weights):
+        p.error(f"--source names {sorted(sources)} differ from the weights' {sorted(weights)}")
+    for path in sources.values():
         read_manifest(path)  # each source's manifest is there and readable
-    write_mixture(args.out, args.dataset, weights, {n: Path(m) for n, m in manifests.items()})
+    write_mixture(args.out, args.dataset, weights, {n: Path(m) for n, m in sources.items()})
 
 
 if __name__ == "__main__":

@@ -1,205 +1,34 @@
-"""llm.c token shards: the one place that knows the file format.
+"""llm.c token shards and the manifest that lists them, as the data stage's modules name them.
 
-A shard is a header of 256 little-endian int32 followed by the tokens:
-    header[0] = magic, header[1] = version, header[2] = number of tokens,
-with two formats, as llm.c's `dev/data/data_common.py` (`HEADERS_INFO`, `write_datafile`;
-karpathy/llm.c) defines them:
-    GPT-2:   magic 20240520, version 1, tokens as uint16 (a vocabulary of up to 65,536 ids);
-    Llama-3: magic 20240801, version 7, tokens as uint32 (a larger vocabulary).
-A writer picks the uint16 format whenever the vocabulary fits (`shard_format`), so GPT-2 shards
-are byte-identical to llm.c's `dev/data/fineweb.py` output; readers take the dtype from the
-header and check magic, version and size (llm.c's `train_gpt2.py` and `train_llama3.py`
-`_load_data_shard` check the same), naming the file when one is wrong.
-
-A tokenized dataset's `manifest.json` lists its shards in order, each with its split, tokens and
-sha256, and the file of each token id's bytes (`token_bytes`, lmpipe.data.token_bytes; absent
-in data tokenized before it); `read_manifest` is its one reader (the loaders, the val-loss
-evaluation, the data's identity in the settings hash).
+The shard format is lmpipe.llmc_shards' (in the ground: the report reads shards too), the tokens
+manifest lmpipe.manifests' (`read_manifest` is its `read_tokens`: the loaders, the val-loss
+evaluation, the data's identity in the settings hash read it so).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from lmpipe.llmc_shards import (
+    FORMATS,
+    GPT2_FORMAT,
+    HEADER_BYTES,
+    HEADER_INTS,
+    LLAMA3_FORMAT,
+    ShardError,
+    ShardFormat,
+    ShardHeader,
+    header_bytes,
+    read_header,
+    read_shard,
+    read_shard_header,
+    shard_format,
+    write_shard,
+)
+from lmpipe.manifests import GPT2_EOT, ManifestShard, TokensManifest
+from lmpipe.manifests import read_tokens as read_manifest
 
-import numpy as np
-
-from lmpipe.files import atomic_file, read_json
-
-# GPT-2's <|endoftext|> id, defined here once (lmpipe.data.tokenizer's EOT_ID; the shards load
-# without tiktoken): a tokens manifest without "eot" is in GPT-2's tokens
-GPT2_EOT = 50256
-
-HEADER_INTS = 256
-HEADER_BYTES = HEADER_INTS * 4
-
-
-@dataclass(frozen=True)
-class ShardFormat:
-    """One of llm.c's shard formats: its header's magic and version, and its tokens' dtype."""
-
-    name: str
-    magic: int
-    version: int
-    dtype: np.dtype
-
-    @property
-    def max_token(self) -> int:
-        return int(np.iinfo(self.dtype).max)
-
-
-GPT2_FORMAT = ShardFormat("gpt-2", 20240520, 1, np.dtype("<u2"))
-LLAMA3_FORMAT = ShardFormat("llama-3", 20240801, 7, np.dtype("<u4"))
-FORMATS = {f.magic: f for f in (GPT2_FORMAT, LLAMA3_FORMAT)}
-
-
-def shard_format(vocab_size: int) -> ShardFormat:
-    """uint16 shards when every id of a `vocab_size` vocabulary fits in them, else uint32."""
-    if vocab_size <= GPT2_FORMAT.max_token + 1:
-        return GPT2_FORMAT
-    if vocab_size <= LLAMA3_FORMAT.max_token + 1:
-        return LLAMA3_FORMAT
-    raise ValueError(f"a vocabulary of {vocab_size:,} tokens does not fit in uint32 shards")
-
-
-class ShardError(ValueError):
-    """A shard file that is not a valid llm.c shard; the message names the file."""
-
-
-@dataclass(frozen=True)
-class ShardHeader:
-    """A checked shard header: its format and token count."""
-
-    format: ShardFormat
-    tokens: int
-
-
-def header_bytes(num_tokens: int, fmt: ShardFormat = GPT2_FORMAT) -> bytes:
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1], header[2] = fmt.magic, fmt.version, num_tokens
-    return header.tobytes()
-
-
-def write_shard(path: str | Path, tokens: np.ndarray, fmt: ShardFormat = GPT2_FORMAT) -> None:
-    """Write `tokens` in `fmt` atomically: to `path.tmp`, then rename, so a crash leaves no
-    half shard."""
-    tokens = np.asarray(tokens)
-    if tokens.size and (tokens.min() < 0 or tokens.max() > fmt.max_token):
-        raise ValueError(f"{path}: token ids must fit in {fmt.dtype.name} ({fmt.name} shards)")
-    with atomic_file(path) as tmp, open(tmp, "wb") as f:
-        f.write(header_bytes(len(tokens), fmt))
-        f.write(tokens.astype(fmt.dtype, copy=False).tobytes())
-
-
-def read_shard_header(path: str | Path) -> ShardHeader:
-    """Check a shard's header and size; return its format and token count."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise ShardError(f"{path}: shard file not found") from None
-    if size < HEADER_BYTES:
-        raise ShardError(f"{path}: {size} bytes, shorter than the {HEADER_BYTES}-byte header")
-    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
-    fmt = FORMATS.get(int(header[0]))
-    if fmt is None:
-        expected = " or ".join(str(m) for m in FORMATS)
-        raise ShardError(f"{path}: bad magic {header[0]} (expected {expected}); not an llm.c shard")
-    if header[1] != fmt.version:
-        raise ShardError(
-            f"{path}: unsupported version {header[1]} (expected {fmt.version} for magic"
-            f" {fmt.magic})"
-        )
-    num_tokens = int(header[2])
-    expected = HEADER_BYTES + num_tokens * fmt.dtype.itemsize
-    if size != expected:
-        raise ShardError(
-            f"{path}: {size} bytes but the header says {num_tokens} {fmt.dtype.name} tokens"
-            f" ({expected} bytes); truncated or corrupt"
-        )
-    return ShardHeader(fmt, num_tokens)
-
-
-def read_header(path: str | Path) -> int:
-    """Check a shard's header and size; return its token count."""
-    return read_shard_header(path).tokens
-
-
-def read_shard(path: str | Path, mmap: bool = True) -> np.ndarray:
-    """The shard's tokens, uint16 or uint32 as its header says (memory-mapped by default:
-    shards are 200 MB)."""
-    header = read_shard_header(path)
-    dtype = header.format.dtype
-    if mmap:
-        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(header.tokens,))
-    with open(path, "rb") as f:
-        f.seek(HEADER_BYTES)
-        return np.frombuffer(f.read(), dtype=dtype)
-
-
-@dataclass(frozen=True)
-class ManifestShard:
-    """A shard as the tokens manifest lists it; `file` is the shard's path."""
-
-    file: Path
-    split: str  # "val" or "train"
-    tokens: int | None
-    sha256: str | None
-
-    @property
-    def identity(self) -> str:
-        """What names the shard's content: its sha256 (its file name where none is listed)."""
-        return self.sha256 if self.sha256 is not None else self.file.name
-
-
-@dataclass(frozen=True)
-class TokensManifest:
-    path: Path
-    shards: list[ManifestShard]
-    eot: int = GPT2_EOT  # the end-of-text id that opens each document (absent: GPT-2's)
-    # each token id's UTF-8 bytes (lmpipe.data.token_bytes); None: tokenized before the table
-    # was written, and its val losses have no bits per byte
-    token_bytes: Path | None = None
-    dataset: str | None = None  # the `datasets:` entry tokenized
-    tokens_of: str | None = None  # an `arch: hf` model whose own tokens these are; None: GPT-2's
-
-    def files(self, split: str) -> list[Path]:
-        """The shard files of `split` ('train' or 'val'), in order; none is an error."""
-        files = [s.file for s in self.shards if s.split == split]
-        if not files:
-            raise ValueError(f"{self.path}: no '{split}' shards listed")
-        return files
-
-    def identity(self) -> list[str]:
-        """The shards' identities, in order: the data's, in a run's settings hash."""
-        return [s.identity for s in self.shards]
-
-    def byte_table(self) -> np.ndarray | None:
-        """Each token id's bytes (int64), or None where the manifest names no table."""
-        if self.token_bytes is None:
-            return None
-        table = np.load(self.token_bytes, allow_pickle=False)
-        return table.astype(np.int64)
-
-
-def read_manifest(path: str | Path) -> TokensManifest:
-    """A tokens manifest.json: its shards (`file` and `split` required; `tokens`, `sha256`).
-    A missing file, bad JSON or a missing key is an error naming the file."""
-    path = Path(path)
-    data = read_json(path, "tokens manifest")
-    try:
-        shards = [
-            ManifestShard(path.parent / s["file"], s["split"], s.get("tokens"), s.get("sha256"))
-            for s in data["shards"]
-        ]
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(
-            f"{path}: not a tokens manifest (`shards`, each with `file` and `split`;"
-            f" {type(e).__name__}: {e})"
-        ) from None
-    table = data.get("token_bytes")
-    table_file = path.parent / table["file"] if isinstance(table, dict) else None
-    return TokensManifest(
-        path, shards, data.get("eot", GPT2_EOT), table_file, data.get("dataset"),
-        data.get("tokens_of"),
-    )  # fmt: skip
+__all__ = [
+    "FORMATS", "GPT2_EOT", "GPT2_FORMAT", "HEADER_BYTES", "HEADER_INTS", "LLAMA3_FORMAT",
+    "ManifestShard", "ShardError", "ShardFormat", "ShardHeader", "TokensManifest",
+    "header_bytes", "read_header", "read_manifest", "read_shard", "read_shard_header",
+    "shard_format", "write_shard",
+]  # fmt: skip

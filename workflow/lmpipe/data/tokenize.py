@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from lmpipe import manifests
 from lmpipe.config import TokenizeConfig, build
 from lmpipe.data import token_bytes
 from lmpipe.data.shards import ShardFormat, header_bytes, read_shard, shard_format
@@ -160,10 +161,9 @@ class ShardWriter:
 def raw_files(raw_manifest: Path, part: int = 0, parts: int = 1) -> tuple[list[Path], int]:
     """The raw files of part `part` of `parts` (consecutive slices, in the manifest's order), and
     the documents they hold (for the progress bar)."""
-    raw = json.loads(raw_manifest.read_text())
-    entries = raw["files"]
+    entries = manifests.read_raw(raw_manifest).files
     mine = entries[part * len(entries) // parts : (part + 1) * len(entries) // parts]
-    return [raw_manifest.parent / f["file"] for f in mine], sum(f.get("rows", 0) for f in mine)
+    return [f.file for f in mine], sum(f.rows for f in mine)
 
 
 def encoded(
@@ -265,7 +265,7 @@ def tokenize(
                 for split in ("val", "train")
             },
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifests.write(tmp / manifests.MANIFEST, manifest)
     return manifest
 
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lmpipe import manifests
 from lmpipe.config import BYTE_ALPHABET, EOT, TokenizeConfig, TokenizerConfig, build
 from lmpipe.data.tokenize import raw_files, read_documents
 from lmpipe.files import atomic_dir
@@ -152,7 +153,7 @@ def train_tokenizer(
             "training": stats,
             "seconds": round(seconds, 3),
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifests.write(tmp / manifests.MANIFEST, manifest)
     return manifest
 
 

@@ -29,6 +29,7 @@ from lmpipe.files import write_text_atomic
 from lmpipe.job_params import PREFIX
 from lmpipe.paths import REPORT_TEMPLATES, Layout
 from lmpipe.report.comparison import compare
+from lmpipe.report.compression import compression_rows
 from lmpipe.report.figures import (
     bpb_figure,
     hellaswag_figure,
@@ -326,6 +327,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         plan=plan_rows(runs, headlines, plan or {}),
         restarts=restart_rows(runs),
         sources=source_rows(runs),
+        compression=compression_rows(runs, layout),
         references=headline_references(runs),
         comparison=task_comparison(runs, params.get("compare")),
         settings=settings,

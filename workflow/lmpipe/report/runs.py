@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmpipe import manifests
 from lmpipe.files import read_json_lines
 from lmpipe.paths import Layout
 from lmpipe.registry import EVALUATIONS, Column
@@ -160,7 +161,9 @@ def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
     if "dataset" in settings:  # the text data (a fine-tuning run's is its base's)
         dataset = settings.get("text_dataset") or settings["dataset"]
         manifest = layout.tokens_manifest(dataset, settings.get("tokens_of"))
-        run.manifest = read_json(Path(manifest))
+        run.manifest = (
+            manifests.read_object(manifest, "tokens manifest") if Path(manifest).exists() else None
+        )
     return run
 
 

