@@ -321,6 +321,7 @@ def test_the_evaluation_reports_llmc_acc_norm_over_the_first_items(tmp_path, mon
     model = tiny_gpt()
     loaded = []
     monkeypatch.setattr(hellaswag, "load_hf", lambda d: loaded.append(d) or model)
+    (tmp_path / "config.json").write_text(json.dumps({"lmpipe_arch": "gpt2"}))  # our GPT-2
     path = tmp_path / "hs.jsonl"
     items = hellaswag.load_items(RESOURCES / "hellaswag_val_sample.jsonl", 7)
     path.write_text("\n".join(map(json.dumps, items)) + "\n")

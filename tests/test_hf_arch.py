@@ -387,16 +387,15 @@ def test_a_llama_base_of_a_gpt2_run_is_refused_before_any_job(hf_dirs, tmp_path)
     for section in ("hellaswag", "suite"):
         pretrain["runs"]["embedded-a"]["eval"][section]["during_training"] = {"every": 0}
     validate(pretrain)
+    # a mixture (each source in its own tokens) and evaluations during training: its tokens too
     pretrain["datasets"]["mixed"] = {"mixture": {"embedded": 0.5, "shakespeare": 0.5}}
     pretrain["runs"]["embedded-a"]["dataset"] = "mixed"
-    with pytest.raises(ConfigError, match="runs.embedded-a: model 'mine' .* is a mixture"):
-        validate(pretrain)
+    validate(pretrain)
     during = copy.deepcopy(config)
     during["runs"]["embedded-a-chat"].setdefault("eval", {})["hellaswag"] = {
         "during_training": {"every": 5}
     }
-    with pytest.raises(ConfigError, match="runs.embedded-a-chat.eval: hellaswag during train"):
-        validate(during)
+    validate(during)
     config["runs"]["embedded-a-chat"]["model"] = "tiny"
     with pytest.raises(ConfigError) as e:
         validate(config)

@@ -58,7 +58,7 @@ def suite(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_item_is_counted_once_and_every_rank_gets_as_many(suite, world_size):
-    task = suite_task(suite, "arc_easy", 13)
+    task = suite_task(suite, "arc_easy", 13, gpt2_encoding(TOKENIZER_DIR))
     items = task.items
     shares = [share_of(task, r, world_size) for r in range(world_size)]
     assert {len(s.items) for s in shares} == {-(-13 // world_size)}  # padded: as many items
@@ -106,6 +106,7 @@ def test_an_unknown_task_is_refused_naming_the_key(tmp_path):
     suite = config["runs"]["embedded-a"]["eval"]["suite"]
     # a copy: the config's YAML anchors share one during_training between runs
     suite["during_training"] = suite["during_training"] | {"tasks": ["arc_esay"]}
+    del config["runs"]["embedded-a-tok4k"]  # embedded-a's copy (a YAML merge shares its eval)
     with pytest.raises(
         ConfigError,
         match=r"^runs\.embedded-a\.eval\.suite\.during_training\.tasks\.0: 'arc_esay' is not"
@@ -123,6 +124,7 @@ def test_an_unknown_task_is_refused_naming_the_key(tmp_path):
     config = yaml.safe_load(CONFIG_FILE.read_text())
     suite = config["runs"]["embedded-a"]["eval"]["suite"]
     suite["during_training"] = suite["during_training"] | {"tasks": ["copa", "copa"]}
+    del config["runs"]["embedded-a-tok4k"]
     with pytest.raises(
         ConfigError, match=r"^runs\.embedded-a\.eval\.suite\.during_training\.tasks: .*non-unique"
     ):
@@ -298,7 +300,7 @@ def task_items(suite: Path) -> list:
     for name in TASKS:
         data = load_task(suite, name, ITEMS)
         right = native.score_task(model, data, ENC, 32, show_progress=False).acc.index(1)
-        task = suite_task(suite, name, ITEMS)
+        task = suite_task(suite, name, ITEMS, gpt2_encoding(TOKENIZER_DIR))
         items = task.items = list(task.items)
         items[0], items[right] = items[right], items[0]
         out.append(task)

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from lmpipe.chat.template import check_template
 from lmpipe.data.tokenizer import HFTokenizer
@@ -33,13 +34,24 @@ def check(folder: Path, template: bool) -> None:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{folder}: AutoTokenizer cannot load its tokenizer ({why})") from None
     vocab = json.loads((folder / "config.json").read_text()).get("vocab_size")
-    if vocab is not None and tok.n_vocab > vocab:
+    top = largest_id(tok.tok)
+    if vocab is not None and top >= vocab:
         raise ValueError(
-            f"{folder}: the tokenizer produces ids up to {tok.n_vocab - 1} (added tokens"
-            f" included), beyond the model's vocab_size {vocab} (config.json)"
+            f"{folder}: the tokenizer produces ids up to {top} (its vocabulary, added tokens,"
+            f" eos, bos and pad), beyond the model's vocab_size {vocab} (config.json)"
         )
     if template:
         check_template(tok, f"{folder}")
+
+
+def largest_id(tok: Any) -> int:
+    """The largest id the pipeline can write with an AutoTokenizer: its vocabulary's, an added
+    token that text can produce (not a special one), or the eos, bos and pad it writes itself.
+    A special token it never writes (Qwen2's tokenizer adds `<|endoftext|>` as its unk, past a
+    small vocabulary) does not count."""
+    added = [i for i, t in tok.added_tokens_decoder.items() if not t.special]
+    used = [tok.eos_token_id, tok.bos_token_id, tok.pad_token_id]
+    return max([tok.vocab_size - 1, *added, *(i for i in used if i is not None)])
 
 
 def main(argv: list[str] | None = None) -> int:
