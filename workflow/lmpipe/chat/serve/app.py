@@ -181,11 +181,10 @@ class API:
             results = await self.engine.score(prompts, max(1, body.logprobs or 1))
         finally:
             self.engine.release()
-        word = lambda i: self.tok.decode([i])  # noqa: E731
         choices = []
         for index, r in enumerate(results):
-            top = [None if t is None else {word(i): lp for i, lp in t.items()} for t in r.top]
-            logprobs = {"tokens": [word(i) for i in r.ids], "token_logprobs": r.logprobs,
+            top = [None if t is None else {self.word(i): lp for i, lp in t.items()} for t in r.top]
+            logprobs = {"tokens": [self.word(i) for i in r.ids], "token_logprobs": r.logprobs,
                         "top_logprobs": top, "text_offset": None}  # fmt: skip
             text = self.tok.decode(r.ids)
             choices.append({"index": index, "text": text, "logprobs": logprobs,
@@ -197,6 +196,10 @@ class API:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(prompts),
                       "total_tokens": prompt_tokens + len(prompts)},
         }  # fmt: skip
+
+    def word(self, token: int) -> str:
+        """One token's text, as OpenAI's logprobs name tokens."""
+        return self.tok.decode([token])
 
     def page(self) -> str:
         settings = {
