@@ -76,7 +76,7 @@ SHIPPED = yaml.safe_load(CONFIG_FILE.read_text())
 
 def with_tokenizer(**tokenizer) -> dict:
     c = copy.deepcopy(SHIPPED)
-    c["tokenizers"] = {"tiny": {"dataset": "embedded", "vocab_size": VOCAB} | tokenizer}
+    c["tokenizers"] |= {"tiny": {"dataset": "embedded", "vocab_size": VOCAB} | tokenizer}
     c["models"]["tiny-tok"] = c["models"]["tiny"] | {
         "tokenizer": "tiny", "vocab_size": VOCAB, "padded_vocab_size": VOCAB,
     }  # fmt: skip
