@@ -48,6 +48,19 @@ def export_llmc_job(config: dict[str, Any], run: str) -> Job:
     return job
 
 
+def data_name(w: dict[str, str]) -> str:
+    """A data job's name: its dataset, and the model whose tokens it writes (`*_for_model`)."""
+    return "/".join(w[k] for k in ("dataset", "model") if k in w)
+
+
+def mixture_job(rule: str, w: dict[str, str]) -> Job:
+    return Job(rule, data_name(w), "", estimate_s=5, basis="local rule: the sources' manifest")
+
+
+def conversations_job(rule: str, w: dict[str, str]) -> Job:
+    return Job(rule, data_name(w), "cpu", mem_mb=8000, estimate_s=60, limit_min=120)
+
+
 # rule -> function(config, its wildcards, the GPU asked for, the most CPUs a node has or None)
 # -> its Job; the profile's default resources (slurm/config.yaml: 8 GB, 2 hours) where a rule
 # asks for no others
@@ -74,27 +87,12 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
         estimate_s=600,
         basis="assumed: 10 minutes (not measured)",
     ),  # fmt: skip
-    "mixture": lambda c, w, gpu, cpus: Job(
-        "mixture", w["dataset"], "", estimate_s=5, basis="local rule: the sources' manifest"
+    "mixture": lambda c, w, gpu, cpus: mixture_job("mixture", w),
+    "mixture_for_model": lambda c, w, gpu, cpus: mixture_job("mixture_for_model", w),
+    "prepare_conversations": lambda c, w, gpu, cpus: conversations_job("prepare_conversations", w),
+    "prepare_conversations_for_model": lambda c, w, gpu, cpus: conversations_job(
+        "prepare_conversations_for_model", w
     ),
-    "mixture_for_model": lambda c, w, gpu, cpus: Job(
-        "mixture_for_model",
-        f"{w['dataset']}/{w['model']}",
-        "",
-        estimate_s=5,
-        basis="local rule: the sources' manifest",
-    ),  # fmt: skip
-    "prepare_conversations": lambda c, w, gpu, cpus: Job(
-        "prepare_conversations", w["dataset"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
-    ),
-    "prepare_conversations_for_model": lambda c, w, gpu, cpus: Job(
-        "prepare_conversations_for_model",
-        f"{w['dataset']}/{w['model']}",
-        "cpu",
-        mem_mb=8000,
-        estimate_s=60,
-        limit_min=120,
-    ),  # fmt: skip
     "train": lambda c, w, gpu, cpus: costs.train_job(c, w["run"], gpu),
     "download_model": lambda c, w, gpu, cpus: costs.download_model_job(c, w["model"]),
     "convert": lambda c, w, gpu, cpus: costs.convert_job(c, w["run"], gpu),
