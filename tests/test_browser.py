@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +132,10 @@ IMAGE_CHECK = """JSON.stringify(Array.from(document.images).map(img => ({
     alt: img.alt, complete: img.complete, width: img.naturalWidth, height: img.naturalHeight})))"""
 
 
-def open_in_chromium(html_file: Path, screenshot: Path) -> dict[str, Any]:
-    """Load `html_file`; return its images, the errors seen, and write a full-page screenshot."""
+@contextmanager
+def open_page(url: str, domains: tuple[str, ...] = ("Page", "Runtime", "Log")):
+    """(browser, session) of a fresh headless Chromium with `url` loaded and `domains`' events
+    enabled; the browser closes on leaving."""
     with tempfile.TemporaryDirectory(prefix="lmpipe-chromium-") as profile:
         browser = DevTools(profile)
         try:
@@ -140,31 +143,35 @@ def open_in_chromium(html_file: Path, screenshot: Path) -> dict[str, Any]:
             session = browser.send("Target.attachToTarget", targetId=target, flatten=True)[
                 "sessionId"
             ]
-            for domain in ("Page", "Runtime", "Log"):
+            for domain in domains:
                 browser.send(f"{domain}.enable", session)
-            browser.send("Page.navigate", session, url=html_file.resolve().as_uri())
+            browser.send("Page.navigate", session, url=url)
             browser.wait_for("Page.loadEventFired")
-            images = json.loads(
-                browser.send("Runtime.evaluate", session, expression=IMAGE_CHECK)["result"]["value"]
-            )
-            shot = browser.send(
-                "Page.captureScreenshot", session, format="png", captureBeyondViewport=True
-            )
-            screenshot.write_bytes(base64.b64decode(shot["data"]))
-            errors = [
-                e["params"]
-                for e in browser.events
-                if e.get("method") == "Runtime.exceptionThrown"
-                or (
-                    e.get("method") == "Runtime.consoleAPICalled"
-                    and e["params"]["type"] in ("error", "assert")
-                )
-                or (
-                    e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"
-                )
-            ]
+            yield browser, session
         finally:
             browser.close()
+
+
+def open_in_chromium(html_file: Path, screenshot: Path) -> dict[str, Any]:
+    """Load `html_file`; return its images, the errors seen, and write a full-page screenshot."""
+    with open_page(html_file.resolve().as_uri()) as (browser, session):
+        images = json.loads(
+            browser.send("Runtime.evaluate", session, expression=IMAGE_CHECK)["result"]["value"]
+        )
+        shot = browser.send(
+            "Page.captureScreenshot", session, format="png", captureBeyondViewport=True
+        )
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        errors = [
+            e["params"]
+            for e in browser.events
+            if e.get("method") == "Runtime.exceptionThrown"
+            or (
+                e.get("method") == "Runtime.consoleAPICalled"
+                and e["params"]["type"] in ("error", "assert")
+            )
+            or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+        ]
     return {"images": images, "errors": errors}
 
 

@@ -290,47 +290,33 @@ SEEN = """JSON.stringify(Array.from(document.querySelectorAll(".msg")).map(
 
 
 def test_the_chat_page_streams_a_reply_in_chromium(server):
-    from test_browser import CHROMIUM, DevTools
+    from test_browser import CHROMIUM, open_page
 
     if CHROMIUM is None:
         pytest.skip("no Chromium found")
     DELAY["s"] = 0.01
     shot = Path(os.environ.get("LMPIPE_SCREENSHOT", tempfile.gettempdir() + "/serve_page.png"))
-    with tempfile.TemporaryDirectory(prefix="lmpipe-chromium-") as profile:
-        browser = DevTools(profile)
-        try:
-            target = browser.send("Target.createTarget", url="about:blank")["targetId"]
-            session = browser.send("Target.attachToTarget", targetId=target, flatten=True)[
-                "sessionId"
+    with open_page(server[0] + "/", ("Page", "Runtime")) as (browser, session):
+
+        def evaluate(expression: str):
+            return browser.send("Runtime.evaluate", session, expression=expression)["result"][
+                "value"
             ]
-            for domain in ("Page", "Runtime"):
-                browser.send(f"{domain}.enable", session)
-            browser.send("Page.navigate", session, url=server[0] + "/")
-            browser.wait_for("Page.loadEventFired")
 
-            def evaluate(expression: str):
-                return browser.send("Runtime.evaluate", session, expression=expression)["result"][
-                    "value"
-                ]
-
-            assert evaluate(SEND % KEY) == NAME
-            partial, deadline = False, time.time() + 30
-            while True:
-                seen = json.loads(evaluate(SEEN))
-                texts = {cls: text for cls, text in seen}
-                reply = texts.get("msg assistant", "")
-                partial |= bool(reply) and texts["done"] == "false"  # text while still streaming
-                if texts["done"] == "true" and reply:
-                    break
-                assert time.time() < deadline, seen
-                time.sleep(0.05)
-            shot.write_bytes(
-                base64.b64decode(
-                    browser.send("Page.captureScreenshot", session, format="png")["data"]
-                )
-            )
-        finally:
-            browser.close()
+        assert evaluate(SEND % KEY) == NAME
+        partial, deadline = False, time.time() + 30
+        while True:
+            seen = json.loads(evaluate(SEEN))
+            texts = {cls: text for cls, text in seen}
+            reply = texts.get("msg assistant", "")
+            partial |= bool(reply) and texts["done"] == "false"  # text while still streaming
+            if texts["done"] == "true" and reply:
+                break
+            assert time.time() < deadline, seen
+            time.sleep(0.05)
+        shot.write_bytes(
+            base64.b64decode(browser.send("Page.captureScreenshot", session, format="png")["data"])
+        )
     assert texts["msg user"] == "Hello, who are you?"
     assert partial, "the reply appeared only once complete"
     errors = [e for e in browser.events if e.get("method") == "Runtime.exceptionThrown"]
