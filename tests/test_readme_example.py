@@ -42,6 +42,23 @@ def test_the_readme_command_puts_its_target_before_configfile():
     assert not any(a.startswith("results/") for a in args[at:])
 
 
+def test_the_readme_command_with_the_config_files_ended_by_dashes_plans_the_report(tmp_path):
+    """The README's other form, `--configfile A B -- TARGET`, as written: a dry run plans the
+    report (argparse ends the list of config files at `--`)."""
+    text = (REPO / "README.md").read_text()
+    command = re.search(r"`(snakemake [^`]* -- results/[^`]*)`", text).group(1)
+    args = shlex.split(command)[1:]
+    assert args.index("--") > args.index("--configfile")
+    example, _ = readme_example()
+    folder = make_model("llama", tmp_path / "my-llama")
+    example["models"]["my-llama"]["path"] = str(folder)
+    example["runs"]["my-llama-chat"]["base"]["hf"] = str(folder)
+    workdir = make_workdir(tmp_path / "wd")
+    (workdir / "my.yaml").write_text(yaml.safe_dump(example, sort_keys=False))
+    proc = snakemake(workdir, "-n", *args)
+    assert "output: results/report_my-llama.html" in proc.stdout + proc.stderr
+
+
 @pytest.mark.slow  # ~4 min on 2 cores: tokenize, prepare, fine-tune, convert, 14 evaluations
 def test_the_readme_fine_tuning_example_runs_and_measures_the_base_in_its_own_tokens(tmp_path):
     from lmpipe.data.tokenizer import load_tokenizer
