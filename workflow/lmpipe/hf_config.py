@@ -25,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -208,15 +209,21 @@ def read_shape(path: str, trust_remote_code: bool = False) -> HFShape:
     shipped = file.parent / SHIPPED
     if shipped.is_file() and (data := json.loads(shipped.read_text())).get("key") == key:
         return shape_of(data)
-    kept = CACHE[0] / f"{key}.json" if CACHE else None
-    if kept is not None and kept.is_file():
-        return shape_of(json.loads(kept.read_text()))
-    data = measured(file.parent, trust_remote_code)
-    if kept is not None:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(kept) as tmp:
-            tmp.write_text(json.dumps(data | {"key": key}, indent=1) + "\n")
-    return shape_of(data)
+    return shape_of(kept(key, lambda: measured(file.parent, trust_remote_code) | {"key": key}))
+
+
+def kept(name: str, compute: Callable[[], dict]) -> dict:
+    """`compute()`'s answer, kept in CACHE as `name`.json where CACHE is set: what is measured
+    in a subprocess (a shape, a tokenizer check) is measured once a key."""
+    file = CACHE[0] / f"{name}.json" if CACHE else None
+    if file is not None and file.is_file():
+        return json.loads(file.read_text())
+    data = compute()
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(file) as tmp:
+            tmp.write_text(json.dumps(data, indent=1) + "\n")
+    return data
 
 
 def measured(folder: Path, trust_remote_code: bool) -> dict:
@@ -261,21 +268,16 @@ def check_tokenizer(folder: Path, template: bool) -> None:
     version = importlib.metadata.version("transformers")
     text = f"{tokenizer_identity(folder)}|{template}|{version}|".encode()
     key = hashlib.sha256(text + (folder / "config.json").read_bytes()).hexdigest()
-    kept = CACHE[0] / f"tokenizer-{key}.json" if CACHE else None
-    if key in TOKENIZER_PROBLEMS:  # (this process checked it: the config is validated in steps)
-        problem = TOKENIZER_PROBLEMS[key]
-    elif kept is not None and kept.is_file():
-        problem = json.loads(kept.read_text())["problem"]
-    else:
+
+    def run_check() -> dict:
         args = [str(folder)] + (["--template"] if template else [])
         proc = run_module("lmpipe.chat.tokenizer_check", args)
         lines = proc.stderr.strip().splitlines() or ["no output"]
-        problem = None if proc.returncode == 0 else lines[-1]
-        if kept is not None:
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_file(kept) as tmp:
-                tmp.write_text(json.dumps({"problem": problem}) + "\n")
-    TOKENIZER_PROBLEMS[key] = problem
+        return {"problem": None if proc.returncode == 0 else lines[-1]}
+
+    if key not in TOKENIZER_PROBLEMS:  # (asked again here: the config is checked in steps)
+        TOKENIZER_PROBLEMS[key] = kept(f"tokenizer-{key}", run_check)["problem"]
+    problem = TOKENIZER_PROBLEMS[key]
     if problem is not None:
         raise ValueError(problem)
 
