@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 import matplotlib
@@ -51,6 +52,20 @@ def loss_panels(runs: list[Run]) -> dict[str, list[Run]]:
     }
 
 
+def _panel_figure(
+    panels: dict[str, list[Run]], height: float, draw: Callable[[plt.Axes, str, list[Run]], None]
+) -> str:
+    """One panel a dataset, stacked, each drawn by `draw(ax, dataset, runs)`, its legend outside
+    on the right: the frame the curves against tokens or wall time share."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, height * len(panels)), squeeze=False)
+    for ax, (dataset, panel) in zip(axes[:, 0], panels.items(), strict=True):
+        draw(ax, dataset, panel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return _png(fig)
+
+
 def loss_figure(runs: list[Run]) -> str | None:
     """Train and val loss against tokens, one panel a dataset: pretraining text and chat data
     have losses of different scales, and one axis would flatten the pretraining curves."""
@@ -58,8 +73,8 @@ def loss_figure(runs: list[Run]) -> str | None:
     if not panels:
         return None
     colors = _colors(runs)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 4.4 * len(panels)), squeeze=False)
-    for ax, (dataset, panel) in zip(axes[:, 0], panels.items(), strict=True):
+
+    def draw(ax: plt.Axes, dataset: str, panel: list[Run]) -> None:
         for r in panel:
             if r.train:
                 xs = [row["tokens"] for row in r.train]
@@ -81,10 +96,8 @@ def loss_figure(runs: list[Run]) -> str | None:
             ylabel=f"loss (nats a token, {tokens_name(tokens_of(panel[0]))})",
             title=f"Train and val loss on {dataset} ({kind})",
         )
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    return _png(fig)
+
+    return _panel_figure(panels, 4.4, draw)
 
 
 def bpb_figure(runs: list[Run]) -> str | None:
@@ -98,8 +111,8 @@ def bpb_figure(runs: list[Run]) -> str | None:
     if not panels:
         return None
     colors = _colors(runs)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.8 * len(panels)), squeeze=False)
-    for ax, (dataset, panel) in zip(axes[:, 0], panels.items(), strict=True):
+
+    def draw(ax: plt.Axes, dataset: str, panel: list[Run]) -> None:
         for r in panel:
             rows = [row for row in r.val if row.get("val_bpb") is not None]
             label = f"{r.name} val" + (f" ({tokens_name(tokens_of(r))})" if tokens_of(r) else "")
@@ -109,10 +122,8 @@ def bpb_figure(runs: list[Run]) -> str | None:
         xlabel = "tokens trained" + (" (each run's own tokens)" if len(units) > 1 else "")
         ax.set(xlabel=xlabel, ylabel="val loss (bits a byte of text)",
                title=f"Val bits per byte on {dataset}")  # fmt: skip
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    return _png(fig)
+
+    return _panel_figure(panels, 3.8, draw)
 
 
 def wall_figure(runs: list[Run]) -> str | None:
@@ -127,18 +138,16 @@ def wall_figure(runs: list[Run]) -> str | None:
     if not panels:
         return None
     colors = _colors(runs)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.8 * len(panels)), squeeze=False)
-    for ax, (dataset, panel) in zip(axes[:, 0], panels.items(), strict=True):
+
+    def draw(ax: plt.Axes, dataset: str, panel: list[Run]) -> None:
         for r in panel:
             rows = [row for row in r.val if "wall_s" in row]
             ax.plot([row["wall_s"] for row in rows], [row["val_loss"] for row in rows], "o-",
                     color=colors[r.name], ms=4, lw=2, label=f"{r.name} val")  # fmt: skip
         ax.set(xlabel="wall time of training (s)", ylabel="val loss (nats a token)",
                title=f"Val loss against wall time on {dataset}")  # fmt: skip
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    return _png(fig)
+
+    return _panel_figure(panels, 3.8, draw)
 
 
 def lr_figure(runs: list[Run]) -> str | None:
