@@ -538,7 +538,8 @@ def test_fine_tuned_run_beside_its_base(layout: Layout, tmp_path: Path) -> None:
     }
     tuned["evaluations"] += chat_evals
     html = render(layout, {"a": base, "a-chat": tuned}, tmp_path)
-    assert "1.2500" in row_text(html, "chat-a-chat") and "3.5000" in row_text(html, "chat-a")
+    assert "1.2500" in row_text(html, "chat-a-chat")  # the fine-tuned run's row
+    assert "3.5000" in row_text(html, "chat-a-chat-base")  # its base's, beside it
     assert "I am Vicuna." in html and "the the the" in html
     assert "not finished" not in row_text(html, "headline-a-chat")
     assert html.count("5,000 train + 1,000 val tokens") == 2  # both on the base's text data

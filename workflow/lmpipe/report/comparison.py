@@ -6,13 +6,18 @@ report's baseline) on the items both scored, paired by the items' ids (lmpipe.ev
 lmpipe.eval.hellaswag write them beside each per-item result): McNemar's exact test on the items
 one run gets right and the other wrong, and the difference in accuracy with Newcombe's 95%
 interval for paired proportions (lmpipe.stats: never zero-width). For the core average, a paired
-z-test on the per-item differences, task by task. A run's tests across the tasks are one family:
-their p-values are Holm-adjusted, and only an adjusted p below 5% is called better or worse, so
-that the chance of any task being called by chance alone stays at most 5%. Where the interval
-and the exact test disagree (one excludes zero, the other is not significant), the cell is
-marked. Where the runs scored different items, the table and the verdict say on how many both
-scored. Where so few items disagree that no outcome could reach significance (McNemar's exact
-test needs at least 6 discordant items at 95%), the verdict says "too few items to tell".
+z-test on the per-item differences, task by task. The generative chat evaluations (HumanEval
+pass@1, GSM8K exact match) are 0/1 items with ids too, and join the table as tasks. Gold-answer
+bits per byte (lmpipe.eval.gold_bpb: continuous, lower is better) is tested on the per-item
+differences of the items both scored by a paired t-test, with its t interval; its rows are in
+units of their own, so the page puts them in a table of their own. A run's tests across the
+tasks (gold bpb's included) are one family: their p-values are Holm-adjusted, and only an
+adjusted p below 5% is called better or worse, so that the chance of any task being called by
+chance alone stays at most 5%. Where the interval and the exact test disagree (one excludes
+zero, the other is not significant), the cell is marked. Where the runs scored different items,
+the table and the verdict say on how many both scored. Where so few items disagree that no
+outcome could reach significance (McNemar's exact test needs at least 6 discordant items at
+95%), the verdict says "too few items to tell".
 
 Replicated recipes (lmpipe.replicas: a run's seeds) are compared over their seeds instead: each
 task's accuracy a seed, Welch's interval and test of the two recipes' means, Holm-adjusted over
@@ -45,20 +50,27 @@ TASK_LABELS = {
     "commonsense_qa": "CommonsenseQA",
     "social_iqa": "Social IQa",
     "mmlu": "MMLU (0-shot)",
+    "gsm8k": "GSM8K",
+    "humaneval": "HumanEval",
 }
+# the generative evaluations' per-item 0/1 key (lmpipe.eval.humaneval, lmpipe.eval.gsm8k)
+GENERATIVE = {"humaneval": "passed", "gsm8k": "exact_match"}
+GOLD_BPB_LABELS = {"gsm8k": "GSM8K", "codex_humaneval": "HumanEval", "lambada": "LAMBADA"}
 
 
 @dataclass
 class Score:
     """One run's figure on one task: the headline metric, its standard error, and each item's
-    0/1 by the item's id (None where the result file has no per-item ids)."""
+    0/1 (gold bpb: its bits per byte) by the item's id (None where the result file has no
+    per-item ids)."""
 
     value: float
     stderr: float | None
     items: int
-    correct: dict[str, int] | None = None
+    correct: dict[str, float] | None = None
     split: str | None = None
     version: str | None = None  # the items' file (HellaSwag) or folder sha256 (the suite's)
+    mode: str | None = None  # how the items were put (GSM8K: "5-shot" or "chat")
 
 
 @dataclass
@@ -75,6 +87,12 @@ class Paired:
         True  # whether any outcome on this many discordant items could be significant
     )
     p_holm: float | None = None  # p Holm-adjusted over the tasks of the run's comparison
+    lower_better: bool = False  # a loss (gold bpb): a negative difference is the better
+
+    @property
+    def improved(self) -> bool:
+        """The difference points to this run being the better."""
+        return self.diff < 0 if self.lower_better else self.diff > 0
 
     @property
     def significant(self) -> bool:
@@ -90,7 +108,7 @@ class Paired:
     def mark(self) -> str:
         if not self.significant:
             return ""
-        return "▲" if self.diff > 0 else "▼"
+        return "▲" if self.improved else "▼"
 
 
 @dataclass
@@ -103,6 +121,11 @@ class Row:
     paired: list[Paired | None]  # against the baseline (None for the baseline itself)
     references: list[tuple[float, bool] | None] = field(default_factory=list)  # (value, same split)
     notes: list[str | None] = field(default_factory=list)  # why not paired, or on which items
+    unit: str = "accuracy"  # "bpb": gold-answer bits per byte, lower is better
+
+    @property
+    def lower_better(self) -> bool:
+        return self.unit == "bpb"
 
 
 def _mean_se(d: list[int]) -> tuple[float, float]:
@@ -159,9 +182,31 @@ def paired_mean_test(pairs: list[tuple[list[int], list[int]]]) -> Paired:
     )
 
 
-def by_id(per_item: dict[str, Any] | None, metric: str) -> dict[str, int] | None:
-    """A result file's per-item 0/1 of `metric` keyed by the items' ids; None where it has no
-    ids, or they do not match its results one to one."""
+def paired_t(baseline: list[float], other: list[float]) -> Paired:
+    """Two runs' per-item losses (gold bpb) on the same items, in the same order: the mean of
+    the per-item differences (other - baseline) with its t interval and two-sided paired t-test
+    (scipy's ttest_rel); lower is better. Items all differing alike give no spread to test:
+    p is 1 where they do not differ, 0 where they all differ by the same amount."""
+    from scipy.stats import ttest_rel
+
+    if len(baseline) != len(other):
+        raise ValueError(f"paired test on {len(baseline)} and {len(other)} items")
+    d = [b - a for a, b in zip(baseline, other, strict=True)]
+    better, worse = sum(1 for x in d if x < 0), sum(1 for x in d if x > 0)
+    mean = sum(d) / len(d)
+    if len(d) < 2 or max(d) == min(d):
+        p = 1.0 if mean == 0 or len(d) < 2 else 0.0
+        return Paired(better, worse, p, mean, mean, mean, len(d) > 1, lower_better=True)
+    test = ttest_rel(other, baseline)
+    ci = test.confidence_interval(1 - LEVEL)
+    return Paired(
+        better, worse, float(test.pvalue), mean, float(ci.low), float(ci.high), lower_better=True
+    )
+
+
+def by_id(per_item: dict[str, Any] | None, metric: str) -> dict[str, float] | None:
+    """A result file's per-item 0/1 (or value) of `metric` keyed by the items' ids; None where
+    it has no ids, or they do not match its results one to one."""
     per_item = per_item or {}
     ids, flags = per_item.get("ids"), per_item.get(metric)
     if ids is None or flags is None or len(ids) != len(flags) or len(set(ids)) != len(ids):
@@ -169,8 +214,9 @@ def by_id(per_item: dict[str, Any] | None, metric: str) -> dict[str, int] | None
     return dict(zip(ids, flags, strict=True))
 
 
-def common_items(base: Score, other: Score) -> tuple[list[int], list[int]]:
-    """The two runs' 0/1 results on the items both scored, paired by id (the baseline's order)."""
+def common_items(base: Score, other: Score) -> tuple[list[float], list[float]]:
+    """The two runs' per-item results on the items both scored, paired by id (the baseline's
+    order)."""
     assert base.correct is not None and other.correct is not None
     ids = [i for i in base.correct if i in other.correct]
     return [base.correct[i] for i in ids], [other.correct[i] for i in ids]
@@ -205,12 +251,34 @@ def task_scores(run: Run) -> dict[str, Score]:
             t.get("split"),
             versions.get(task),
         )
+    for task, flag in GENERATIVE.items():
+        if (r := run.evals.get(task)) is not None:
+            items = by_id(r.get("per_item"), flag)
+            out[task] = Score(r["value"], r.get("stderr"), r.get("items", 0), items, "test")
+            out[task].mode = r.get("mode")
+    return out
+
+
+def gold_scores(run: Run) -> dict[str, Score]:
+    """The run's gold-answer bits per byte, a Score a task, keyed `gold_bpb/<task>`: the mean
+    over items, its standard error, each item's bits per byte by id, the requests' sha256."""
+    result = run.evals.get("gold_bpb") or {}
+    data = (result.get("produced_by") or {}).get("data") or {}
+    out = {}
+    for task, t in (result.get("tasks") or {}).items():
+        per_item = by_id((result.get("per_item") or {}).get(task), "bits_per_byte")
+        version = (data.get(task) or {}).get("sha256")
+        out[f"gold_bpb/{task}"] = Score(
+            t["bits_per_byte"], t.get("stderr"), t.get("items", 0), per_item, None, version
+        )
     return out
 
 
 def _headline_metric(runs: list[Run], task: str) -> str:
     if task == "hellaswag":
         return "acc_norm"
+    if task in GENERATIVE:
+        return next(r.evals[task].get("metric", "?") for r in runs if task in r.evals)
     for r in runs:
         t = ((r.evals.get("suite") or {}).get("tasks") or {}).get(task)
         if t:
@@ -220,7 +288,7 @@ def _headline_metric(runs: list[Run], task: str) -> str:
 
 def figure_key(task: str) -> str:
     """A task's key in lmpipe.report.references (HellaSwag's is the headline column's)."""
-    return task if task in ("hellaswag", "lambada") else f"suite/{task}"
+    return task if task in ("hellaswag", "lambada", *GENERATIVE) else f"suite/{task}"
 
 
 def _reference_cells(task: str, split: str | None, refs: list[Reference]):
@@ -254,7 +322,7 @@ def compare(runs: list[Run], compare: list[list[str]] | None = None) -> dict[str
     scores = [task_scores(r) for r in runs]
     base_of = baselines(runs, compare)
     tasks = [t for t in TASK_LABELS if any(t in s for s in scores)]
-    if not tasks:
+    if not tasks and not any("gold_bpb" in r.evals for r in runs):
         return None
     refs = task_references()
     rows = []
@@ -262,7 +330,7 @@ def compare(runs: list[Run], compare: list[list[str]] | None = None) -> dict[str
         cells = [s.get(task) for s in scores]
         split = next((c.split for c in cells if c is not None), None)
         tests = [
-            (None, None) if b is None else _paired(cells[b], c, runs[b].name, r.name)
+            (None, None) if b is None else paired_scores(cells[b], c, runs[b].name, r.name)
             for r, c, b in zip(runs, cells, base_of, strict=True)
         ]
         rows.append(
@@ -280,6 +348,7 @@ def compare(runs: list[Run], compare: list[list[str]] | None = None) -> dict[str
     core = _core_row(runs, scores, base_of)
     if core is not None:
         rows.append(core)
+    rows += gold_rows(runs, base_of, len(refs))
     replicated = any(len(group) > 1 for group in by_recipe(runs).values())
     if replicated:  # the recipes are compared over their seeds, not run against run
         for row in rows:
@@ -309,12 +378,33 @@ def compare(runs: list[Run], compare: list[list[str]] | None = None) -> dict[str
     }
 
 
-def _paired(
-    base: Score | None, other: Score | None, base_name: str, name: str
+def gold_rows(runs: list[Run], base_of: list[int | None], n_refs: int) -> list[Row]:
+    """A row a gold-bpb task any run scored: each run's mean bits per byte, and the paired
+    t-test against its baseline on the items both scored (`paired_t`)."""
+    scores = [gold_scores(r) for r in runs]
+    rows = []
+    for task, label in GOLD_BPB_LABELS.items():
+        key = f"gold_bpb/{task}"
+        cells = [s.get(key) for s in scores]
+        if not any(cells):
+            continue
+        tests = [
+            (None, None) if b is None else paired_scores(cells[b], c, runs[b].name, name, paired_t)
+            for name, c, b in zip([r.name for r in runs], cells, base_of, strict=True)
+        ]
+        refs: list[tuple[float, bool] | None] = [None] * n_refs
+        row = Row(key, f"{label} gold answer", "bits per byte", None, cells, [], refs, [])
+        row.paired, row.notes, row.unit = [t for t, _ in tests], [n for _, n in tests], "bpb"
+        rows.append(row)
+    return rows
+
+
+def paired_scores(
+    base: Score | None, other: Score | None, base_name: str, name: str, test=mcnemar
 ) -> tuple[Paired | None, str | None]:
     """The test of `other` against `base` on the items both scored (by id), and a note where
-    they scored different items or cannot be paired at all; (None, None) where either has no
-    score."""
+    they scored different items, were put to the two in different ways (GSM8K 5-shot against
+    chat), or cannot be paired at all; (None, None) where either has no score."""
     if base is None or other is None:
         return None, None
     if base.correct is None or other.correct is None:
@@ -330,13 +420,18 @@ def _paired(
     a, b = common_items(base, other)
     if not a:
         return None, f"not tested: no item scored by both {base_name} and {name}"
-    note = None
+    notes = []
     if len(a) < max(len(base.correct), len(other.correct)):
-        note = (
+        notes.append(
             f"tested on the {len(a):,} items both scored ({base_name} scored"
             f" {len(base.correct):,}, {name} {len(other.correct):,})"
         )
-    return mcnemar(a, b), note
+    if base.mode != other.mode:
+        notes.append(
+            f"{base_name} was asked {base.mode or '?'}, {name} {other.mode or '?'}:"
+            " the prompt differs as well as the model"
+        )
+    return test(a, b), "; ".join(notes) or None
 
 
 def _core_row(
@@ -397,12 +492,20 @@ def min_discordant() -> int:
 
 
 def gap_text(test: Paired) -> str:
-    """The accuracy difference and its interval, in percentage points, and the p-values."""
+    """The difference and its interval (accuracy in percentage points, a loss in bits per
+    byte), and the p-values."""
     holm = "" if test.p_holm is None else f", Holm-adjusted {test.p_holm:.3g}"
-    return (
-        f"{100 * test.diff:+.1f} points, {1 - LEVEL:.0%} CI"
-        f" {100 * test.low:+.1f} to {100 * test.high:+.1f}; p = {test.p:.3g}{holm}"
-    )
+    if test.lower_better:
+        gap = (
+            f"{test.diff:+.4f} bits per byte, {1 - LEVEL:.0%} CI"
+            f" {test.low:+.4f} to {test.high:+.4f}"
+        )
+    else:
+        gap = (
+            f"{100 * test.diff:+.1f} points, {1 - LEVEL:.0%} CI"
+            f" {100 * test.low:+.1f} to {100 * test.high:+.1f}"
+        )
+    return f"{gap}; p = {test.p:.3g}{holm}"
 
 
 def better_worse(base: str, better: list[str], worse: list[str]) -> list[str]:
@@ -428,7 +531,7 @@ def verdicts(runs: list[Run], rows: list[Row], base_of: list[int | None]) -> lis
                 continue
             gap = gap_text(test)
             if test.significant:
-                target = better if test.diff > 0 else worse
+                target = better if test.improved else worse
                 target.append(f"{row.label} ({gap})")
             elif test.could_tell:
                 unclear.append(row.label)
@@ -543,12 +646,15 @@ def recipe_verdicts(runs: list[Run], rows: list[Row], table: dict[str, Any]) -> 
             if cell is None or cell.p is None:
                 continue
             gap = (
-                f"{100 * cell.diff:+.1f} points, {1 - LEVEL:.0%} Welch interval"
-                f" {100 * cell.low:+.1f} to {100 * cell.high:+.1f}; p = {cell.p:.3g},"
-                f" Holm-adjusted {cell.p_holm:.3g}"
-            )
+                f"{cell.diff:+.4f} bits per byte, {1 - LEVEL:.0%} Welch interval"
+                f" {cell.low:+.4f} to {cell.high:+.4f}"
+                if row.lower_better
+                else f"{100 * cell.diff:+.1f} points, {1 - LEVEL:.0%} Welch interval"
+                f" {100 * cell.low:+.1f} to {100 * cell.high:+.1f}"
+            ) + f"; p = {cell.p:.3g}, Holm-adjusted {cell.p_holm:.3g}"
+            improved = cell.diff < 0 if row.lower_better else cell.diff > 0
             if cell.p_holm is not None and cell.p_holm < LEVEL:
-                (better if cell.diff > 0 else worse).append(f"{row.label} ({gap})")
+                (better if improved else worse).append(f"{row.label} ({gap})")
             else:
                 unclear.append(row.label)
         tested = len(better) + len(worse) + len(unclear)

@@ -88,7 +88,7 @@ def task_noise(runs: list[Run], rows: list[Row]) -> list[TaskNoise]:
     index = {r.name: i for i, r in enumerate(runs)}
     out = []
     for row in rows:
-        if row.key in ("core", "lambada"):
+        if row.key in ("core", "lambada") or row.lower_better:  # gold bpb: no accuracy
             continue
         per_recipe = []
         seed_noises = []

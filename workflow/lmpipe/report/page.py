@@ -28,6 +28,7 @@ from lmpipe.costs import gpu_hour_price
 from lmpipe.files import write_text_atomic
 from lmpipe.job_params import PREFIX
 from lmpipe.paths import REPORT_TEMPLATES, Layout
+from lmpipe.report.chat import chat_section
 from lmpipe.report.comparison import compare
 from lmpipe.report.compression import compression_rows
 from lmpipe.report.figures import (
@@ -44,7 +45,6 @@ from lmpipe.report.noise import task_noise, undecided_words
 from lmpipe.report.references import REFERENCES
 from lmpipe.report.runs import (
     Run,
-    chat_comparison,
     flatten,
     headline,
     headline_columns,
@@ -336,7 +336,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         kinds=kinds,
         cpu_runs=cpu_trained(runs),
         figures=figures,
-        chat=chat_comparison(runs),
+        chat=chat_section(runs),
     )
 
 

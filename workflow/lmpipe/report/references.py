@@ -10,6 +10,12 @@ evaluated with llm.c's scoring, the GPT-2 paper (Radford et al. 2019, LAMBADA), 
 (Brown et al. 2020, zero-shot HellaSwag), the lm-eval harness on OpenAI's gpt2, and the lm-eval
 harness's published table of OPT-125M and OPT-350M (the zero-shot suite's same-size references).
 A figure no source publishes is left out: an empty cell rather than an unsourced number.
+
+`CHAT_REFERENCES`: published figures of chat models, shown in the report's chat section beside a
+fine-tuned run and its base. nanochat's d20 "speedrun" report card (karpathy/nanochat README.md
+at commit 3a5e0bc50b123f37220f1ace6813f080455d19f3, its summary table; the same table through
+commit 348fbb3). No source read publishes GPT-2's (124M) GSM8K or HumanEval
+figures, so none is given.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class Reference:
     # the split a figure was measured on, where it may differ from the runs' (a suite task is
     # scored on its validation split here): the report marks such a figure not comparable
     splits: dict[str, str] = field(default_factory=dict)
+    setting: str | None = None  # how its figures were measured, where unlike these runs'
     tokens: int | None = None  # tokens trained
     wall_s: float | None = None
     gpus: int | None = None
@@ -106,6 +113,36 @@ REFERENCES: tuple[Reference, ...] = (
         source="lm-eval harness on OpenAI's checkpoint (acc_norm per character)",
         figures={"hellaswag_lm_eval": 0.3114, "hellaswag_lm_eval_acc": 0.2892},
     ),
+)
+
+
+# nanochat's d20 speedrun (depth 20, one 8xH100 node, about 4 hours): its chat evaluations
+# (scripts/chat_eval.py) put each problem as a user message in its own chat template, 0-shot, and
+# score one greedy sample (temperature 0, up to 512 new tokens): GSM8K on all 1,319 test problems,
+# the model's calculator tool calls (<<...>>) run; HumanEval on all 164. Its BASE column gives only
+# CORE, no metric measured here; MID and SFT have no RL figure for HumanEval.
+NANOCHAT_README = (
+    "karpathy/nanochat README.md at 3a5e0bc50b123f37220f1ace6813f080455d19f3, the report card's"
+    " summary table"
+)
+NANOCHAT_SETTING = (
+    "a 20-layer model trained on 8xH100 for ~4 h; 0-shot in its chat template, greedy, all 1,319"
+    " GSM8K and 164 HumanEval problems, GSM8K with calculator tool calls: not like for like"
+)
+CHAT_REFERENCES: tuple[Reference, ...] = (
+    Reference(
+        "nanochat d20 MID",
+        NANOCHAT_README,
+        {"gsm8k": 0.0250, "humaneval": 0.0671},
+        setting=NANOCHAT_SETTING,
+    ),
+    Reference(
+        "nanochat d20 SFT",
+        NANOCHAT_README,
+        {"gsm8k": 0.0455, "humaneval": 0.0854},
+        setting=NANOCHAT_SETTING,
+    ),
+    Reference("nanochat d20 RL", NANOCHAT_README, {"gsm8k": 0.0758}, setting=NANOCHAT_SETTING),
 )
 
 

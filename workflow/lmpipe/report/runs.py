@@ -116,6 +116,9 @@ class Run:
         return "not finished"
 
 
+# the eval/ result files read: each registered evaluation's, and GSM8K's (lmpipe.eval.gsm8k's
+# contract) whether or not this registry names it
+RESULT_FILES = tuple(dict.fromkeys([*EVALUATIONS, "gsm8k"]))
 NOT_SETTINGS = ("run", "evaluations", "chat_dataset")  # in a run's params, never a setting
 
 
@@ -152,7 +155,7 @@ def load_run(layout: Layout, name: str, settings: dict[str, Any]) -> Run:
     if run.meta is None and not run.reference:
         run.missing.append("train/final/meta.json")
     eval_dir = Path(layout.eval_dir(name))
-    for evaluation in EVALUATIONS:
+    for evaluation in RESULT_FILES:
         data = read_json(eval_dir / f"{evaluation}.json")
         if data is not None:
             run.evals[evaluation] = data
@@ -177,12 +180,6 @@ def _mean_after_first(rows: list[dict[str, Any]], key: str) -> float | None:
     if len(values) > 1:
         values = values[1:]
     return statistics.fmean(values) if values else None
-
-
-def _acc_norm(result: dict[str, Any] | None) -> float | None:
-    if result is None:
-        return None
-    return result.get("acc_norm", result.get("value"))
 
 
 def headline(run: Run, gpu_hour_price: float | None) -> dict[str, Any]:
@@ -333,38 +330,6 @@ def unit_columns(runs: list[Run], columns: list[Column]) -> list[Column]:
             out.append(Column(loss_key(of), label, c.field, c.fmt))
         out.append(BPB)
     return out
-
-
-def chat_comparison(runs: list[Run]) -> dict[str, Any] | None:
-    """Fine-tuned runs beside their bases: held-out conversation loss, evals, the same prompts."""
-    chat_runs = [r for r in runs if "sft_loss" in r.evals or "chat_samples" in r.evals]
-    if not chat_runs:
-        return None
-    rows = []
-    for r in chat_runs:
-        base = r.settings.get("base", {}).get("run") or r.settings.get("base", {}).get("hf")
-        rows.append(
-            {
-                "name": r.name,
-                "base": base,
-                "sft_loss": r.evals.get("sft_loss", {}).get("value"),
-                "val_loss": r.evals.get("val_loss", {}).get("value"),
-                "hellaswag": _acc_norm(r.evals.get("hellaswag")),
-            }
-        )
-    answers = {r.name: r.evals.get("chat_samples", {}).get("samples", []) for r in chat_runs}
-    prompts = list(dict.fromkeys(s["prompt"] for samples in answers.values() for s in samples))
-    table = [
-        {
-            "prompt": p,
-            "replies": [
-                next((s["reply"] for s in answers[r.name] if s["prompt"] == p), None)
-                for r in chat_runs
-            ],
-        }
-        for p in prompts
-    ]
-    return {"runs": [r.name for r in chat_runs], "rows": rows, "prompts": table}
 
 
 def produced_by(result: dict[str, Any]) -> str:
