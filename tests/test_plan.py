@@ -284,10 +284,12 @@ def test_a_job_of_a_rule_without_a_cost_stops_the_plan_naming_it(config):
 def test_the_plan_has_every_job_snakemake_runs(config, dags):
     """The 124M report's DAG holds the suite's download (a local rule), which the plan's own list
     of jobs once left out; the plan is that DAG, job for job: 14 jobs of the trained run, and 8
-    of the reference run gpt2-openai (its download, its folder, its 6 evaluations)."""
+    of the reference run gpt2-openai (its download, its folder, its 6 evaluations), and 2 that
+    count the suite's and HellaSwag's text in GPT-2's tokens (task_bytes)."""
     jobs = jobs_of(config, dags["124m"])
     assert {"download_suite", "download_model gpt2-openai", "reference gpt2-openai"} <= set(jobs)
-    assert len(jobs) == len(dags["124m"]) == 14 + 8
+    assert {"task_bytes suite/gpt2", "task_bytes hellaswag-full/gpt2"} <= set(jobs)
+    assert len(jobs) == len(dags["124m"]) == 14 + 8 + 2
 
 
 def plan_cli(*args: str):

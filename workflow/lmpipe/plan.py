@@ -107,6 +107,17 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
     ),  # fmt: skip
     "export_llmc": lambda c, w, gpu, cpus: export_llmc_job(c, w["run"]),
     "evaluate": lambda c, w, gpu, cpus: costs.eval_job(c, w["run"], w["eval"], gpu),
+    # tokenizing the tasks' text: the whole suite (its 11 tasks, MMLU's 14,042 items) in GPT-2's
+    # tokens took 8 s on one core here (`python -m lmpipe.eval.task_bytes`, 2026-12-07)
+    "task_bytes": lambda c, w, gpu, cpus: Job(
+        "task_bytes",
+        f"{w['text']}/{w['tokens']}",
+        "cpu",
+        mem_mb=2000,
+        estimate_s=10,
+        limit_min=15,
+        basis="measured: the whole suite in GPT-2's tokens, 8 s on one core",
+    ),  # fmt: skip
     "report": lambda c, w, gpu, cpus: Job(
         "report", w["report"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),
