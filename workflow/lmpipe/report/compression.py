@@ -92,7 +92,9 @@ def task_compression(runs: list[Run], layout: Layout, val_rows: list[dict]) -> d
     each val text's (`val_rows`, compression_rows'): {"columns": [...], "rows": [...]}; empty
     where no run of the report is scored on a task."""
     texts = sorted({t for run in runs for t in run.settings.get("task_texts", [])})
-    ofs = [None, *sorted({run.settings["tokens_of"] for run in runs} - {None})]
+    if not texts:
+        return {}
+    ofs = [None, *sorted({run.settings.get("tokens_of") for run in runs} - {None})]
     datasets = sorted({r["dataset"] for r in val_rows})
     columns = [f"val: {d}" for d in datasets]
     rows = []
@@ -108,6 +110,6 @@ def task_compression(runs: list[Run], layout: Layout, val_rows: list[dict]) -> d
                 cells[task] = c["bytes"] / c["tokens"]
                 columns += [task] if task not in columns else []
         rows.append({"tokenizer": name, "cells": cells})
-    if not texts or len(columns) == len(datasets):
+    if len(columns) == len(datasets):
         return {}
     return {"columns": columns, "rows": rows}
