@@ -89,3 +89,122 @@ def test_the_report_has_a_row_a_tokenizer_gpt2_first(data):
     gpt2, own = rows
     # a smaller vocabulary holds fewer bytes a token; GPT-2 on English web text: about 4.5
     assert 4.0 < gpt2["bytes_per_token"] < 5.0 and own["bytes_per_token"] < gpt2["bytes_per_token"]
+
+
+# ---- each evaluation task's text (lmpipe.eval.task_bytes, the report's second table) ----
+
+
+def scratch_encoder(of: str | None, tok: Path):
+    """Another implementation than the job's: Hugging Face's GPT-2 BPE from OpenAI's files (the
+    job uses tiktoken's), or the trained folder's tokenizer.json read by `tokenizers` alone."""
+    from tokenizers import Tokenizer
+    from transformers import GPT2TokenizerFast
+
+    if of is None:
+        gpt2 = GPT2TokenizerFast(
+            str(TOKENIZER_DIR / "encoder.json"), str(TOKENIZER_DIR / "vocab.bpe")
+        )
+        return lambda s: len(gpt2(s, add_special_tokens=False)["input_ids"])
+    t = Tokenizer.from_file(str(tok / "tokenizer.json"))
+    return lambda s: len(t.encode(s, add_special_tokens=False).ids)
+
+
+def boolq_strings(folder: Path) -> list[str]:
+    """BoolQ's text as lm-eval's super_glue/boolq/default.yaml spells it, read from its Arrow
+    file with pyarrow: "{passage}\\nQuestion: {question}?\\nAnswer:", " no", " yes"."""
+    import pyarrow as pa
+
+    strings = []
+    for path in sorted(folder.glob("*.arrow")):
+        for row in pa.ipc.open_stream(path).read_all().to_pylist():
+            strings += [f"{row['passage']}\nQuestion: {row['question']}?\nAnswer:", " no", " yes"]
+    return strings
+
+
+def hellaswag_strings(path: Path) -> list[str]:
+    """HellaSwag's text as llm.c's rows encode it: the context, and " " + each ending."""
+    import json
+
+    items = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [s for x in items for s in [x["ctx"], *(" " + e for e in x["endings"])]]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory) -> Path:
+    from lmpipe.eval.suite import data as suite_data
+
+    out = tmp_path_factory.mktemp("suite") / "manifest.json"
+    suite_data.prepare(out, ["boolq"])
+    return out
+
+
+@pytest.mark.parametrize("of", [None, "tok-t"], ids=["gpt2", "trained"])
+def test_task_bytes_is_a_count_from_scratch(data, suite, of, tmp_path):
+    import json
+
+    from conftest import RESOURCES
+    from lmpipe.eval.task_bytes import main
+
+    layout, tok = data
+    folder = TOKENIZER_DIR if of is None else tok
+    hellaswag = RESOURCES / "hellaswag_val_sample.jsonl"
+    main(["--tokenizer", str(folder), "--suite", str(suite), "--out", str(tmp_path / "s.json")])
+    main(
+        [
+            "--tokenizer",
+            str(folder),
+            "--hellaswag",
+            str(hellaswag),
+            "--out",
+            str(tmp_path / "h.json"),
+        ]
+    )
+    counts = json.loads((tmp_path / "s.json").read_text())["tasks"]
+    counts |= json.loads((tmp_path / "h.json").read_text())["tasks"]
+    assert set(counts) == {"boolq", "hellaswag"}
+    encode = scratch_encoder(of, tok)
+    texts = {
+        "boolq": boolq_strings(suite.parent / "boolq"),
+        "hellaswag": hellaswag_strings(hellaswag),
+    }
+    for task, strings in texts.items():
+        want = {
+            "items": 3270 if task == "boolq" else len(strings) // 5,
+            "strings": len(strings),
+            "tokens": sum(encode(s) for s in strings),
+            "bytes": sum(len(s.encode("utf-8")) for s in strings),
+        }
+        assert counts[task] == want, task
+
+
+def test_the_report_shows_each_task_beside_the_val_text(data, suite, tmp_path):
+    """A row a tokenizer, GPT-2's first: its val text's and each task's bytes a token, read from
+    the task_bytes files the report's runs' evaluations name."""
+    from lmpipe.eval.task_bytes import main
+    from lmpipe.report.compression import task_compression
+
+    layout, tok = data
+    hellaswag = str(Path(__file__).parents[1] / "resources/hellaswag_val_sample.jsonl")
+    for of, folder in [(None, TOKENIZER_DIR), ("tok-t", tok)]:
+        for text, flag, src in [
+            ("suite", "--suite", str(suite)),
+            ("hellaswag-embedded", "--hellaswag", hellaswag),
+        ]:
+            main(["--tokenizer", str(folder), flag, src, "--out", layout.task_bytes(text, of)])
+    texts = ["suite", "hellaswag-embedded"]
+    runs = [
+        SimpleNamespace(
+            name=name, settings={"dataset": "embedded", "tokens_of": of, "task_texts": texts}
+        )
+        for name, of in [("own", "tok-t"), ("gpt", None)]
+    ]
+    table = task_compression(runs, layout, compression_rows(runs, layout))
+    assert table["columns"] == ["val: embedded", "hellaswag", "boolq"]
+    assert [r["tokenizer"] for r in table["rows"]] == ["GPT-2", "tok-t"]
+    gpt2, own = (r["cells"] for r in table["rows"])
+    assert (
+        gpt2["val: embedded"] == val_compression(layout.tokens_manifest("embedded")).bytes_per_token
+    )
+    # GPT-2 on English: about 4.5 bytes a token; 512 ids learnt on 300 documents hold fewer
+    for task in ("boolq", "hellaswag"):
+        assert 4.0 < gpt2[task] < 5.0 and own[task] < gpt2[task], task

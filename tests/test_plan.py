@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from conftest import CONFIG_FILE, REPO, make_workdir, snakemake
 from lmpipe import config as lmconfig
@@ -284,10 +285,12 @@ def test_a_job_of_a_rule_without_a_cost_stops_the_plan_naming_it(config):
 def test_the_plan_has_every_job_snakemake_runs(config, dags):
     """The 124M report's DAG holds the suite's download (a local rule), which the plan's own list
     of jobs once left out; the plan is that DAG, job for job: 14 jobs of the trained run, and 8
-    of the reference run gpt2-openai (its download, its folder, its 6 evaluations)."""
+    of the reference run gpt2-openai (its download, its folder, its 6 evaluations), and 2 that
+    count the suite's and HellaSwag's text in GPT-2's tokens (task_bytes)."""
     jobs = jobs_of(config, dags["124m"])
     assert {"download_suite", "download_model gpt2-openai", "reference gpt2-openai"} <= set(jobs)
-    assert len(jobs) == len(dags["124m"]) == 14 + 8
+    assert {"task_bytes suite/gpt2", "task_bytes hellaswag-full/gpt2"} <= set(jobs)
+    assert len(jobs) == len(dags["124m"]) == 14 + 8 + 2
 
 
 def plan_cli(*args: str):
@@ -417,3 +420,20 @@ def test_every_cli_of_the_ground_prints_its_help():
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                               text=True, cwd=REPO)  # fmt: skip
         assert done.returncode == 0 and "usage:" in done.stdout, done.stderr[-2000:]
+
+
+def test_train_tokenizer_is_costed_at_its_measured_rate(config):
+    """The job's text (its budget in bytes, or in documents) at resources/throughputs.yaml's rate,
+    measured on the embedded sample; not a fixed guess."""
+    rates = yaml.safe_load((REPO / "resources" / "throughputs.yaml").read_text())["train_tokenizer"]
+    rate = rates["text_bytes_per_s"]
+    assert "measured" in rate and rate["date"]
+    c = copy.deepcopy(config)
+    c["tokenizers"]["embedded-4k"]["max_bytes"] = 3_000_000
+    job = plan.RULE_COSTS["train_tokenizer"](c, {"tokenizer": "embedded-4k"}, None, None)
+    assert job.estimate_s == pytest.approx(3e6 / rate["value"] + 10)
+    assert job.basis.endswith(": measured") and job.cpus == 1
+    c["tokenizers"]["embedded-4k"] |= {"max_bytes": None, "max_documents": 100}
+    job = plan.RULE_COSTS["train_tokenizer"](c, {"tokenizer": "embedded-4k"}, None, None)
+    per_document = rates["text_bytes_per_document"]["value"]
+    assert job.estimate_s == pytest.approx(100 * per_document / rate["value"] + 10)

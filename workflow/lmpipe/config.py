@@ -874,6 +874,31 @@ INPUT_FILES: dict[str, typing.Callable[[dict[str, Any], str], str]] = {
 }
 
 
+def task_texts(config: dict[str, Any], run: str) -> list[str]:
+    """The evaluation texts a run's evaluations read, as lmpipe.eval.task_bytes counts them:
+    `suite` (every task of its manifest) and `hellaswag-{file}` (the `hellaswag:` key)."""
+    kinds = {k for e in evaluations_of(config, run) for k in EVALUATIONS[e].inputs}
+    texts = ["suite"] if "suite" in kinds else []
+    if "hellaswag" in kinds:
+        texts.append(f"hellaswag-{run_config(config, run).eval['hellaswag'].file}")
+    return texts
+
+
+def task_bytes_files(config: dict[str, Any], runs: list[str]) -> list[str]:
+    """The task_bytes results a report of `runs` shows: each text its runs' evaluations read, in
+    GPT-2's tokenizer and in each of its runs' own."""
+    texts = sorted({t for r in runs for t in task_texts(config, r)})
+    tokens = sorted({tokens_of(config, r) for r in runs} - {None})
+    return [layout(config).task_bytes(t, of) for t in texts for of in [None, *tokens]]
+
+
+def task_bytes_input(config: dict[str, Any], text: str) -> str:
+    """The file a task_bytes text names: the suite's manifest or a `hellaswag:` file."""
+    if text == "suite":
+        return layout(config).suite_manifest()
+    return config["hellaswag"][text.removeprefix("hellaswag-")]
+
+
 def eval_inputs(config: dict[str, Any], run: str, evaluation: str) -> dict[str, str]:
     """The files evaluation `evaluation` of `run` reads besides the model, by kind."""
     return {kind: INPUT_FILES[kind](config, run) for kind in EVALUATIONS[evaluation].inputs}
@@ -1108,6 +1133,7 @@ def report_params(config: dict[str, Any], report: str) -> str:
             "evaluations": evaluations_of(config, r),
             "text_dataset": text_dataset(config, r),
             "tokens_of": tokens_of(config, r),  # whose tokens its text is in (None: GPT-2's)
+            "task_texts": task_texts(config, r),  # its tasks' text, counted (task_bytes)
             "chat_dataset": chat_dataset(config, r),
         }
     return canonical_json(

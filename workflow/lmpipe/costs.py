@@ -365,6 +365,26 @@ def tokenize_parts(config: dict[str, Any], dataset: str, node_cpus: int | None =
     return max(1, math.ceil(estimate / (0.8 * config["cluster"]["max_runtime"] * 60)))
 
 
+def train_tokenizer_job(config: dict[str, Any], name: str) -> Job:
+    """The train_tokenizer job: its text (the dataset's, or its budget in bytes or documents) at
+    the measured rate of one thread."""
+    t = config["tokenizers"][name]
+    text = dataset_tokens(config, t["dataset"]) * figure("train_tokenizer", "text_bytes_per_token")
+    if t.get("max_bytes"):
+        text = min(text, t["max_bytes"])
+    if t.get("max_documents"):
+        text = min(text, t["max_documents"] * figure("train_tokenizer", "text_bytes_per_document"))
+    rate = figure("train_tokenizer", "text_bytes_per_s")
+    estimate = text / rate + 10
+    how = (
+        f"{text:.3g} bytes of text at {rate:.3g}/s: {basis('train_tokenizer', 'text_bytes_per_s')}"
+    )
+    return Job(
+        "train_tokenizer", name, "cpu", cpus=1, mem_mb=8000, estimate_s=estimate,
+        limit_min=120, basis=how,  # the rule asks for no time: the profile's default, 2 hours
+    )  # fmt: skip
+
+
 def tokenize_job(
     config: dict[str, Any], dataset: str, part: str = "", node_cpus: int | None = None
 ) -> Job:

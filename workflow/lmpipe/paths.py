@@ -69,6 +69,11 @@ class Layout:
     def suite_manifest(self) -> str:
         return f"{self.suite_dir()}/manifest.json"
 
+    def task_bytes(self, text: str, tokens_of: str | None = None) -> str:
+        """The tokens and bytes of an evaluation's text (`suite` or `hellaswag-{file}`) in GPT-2's
+        tokenizer or, with `tokens_of`, in that one (lmpipe.eval.task_bytes)."""
+        return f"{self.data}/task_bytes/{text}/{tokens_of or 'gpt2'}.json"
+
     def hub_model_dir(self, model: str) -> str:
         """A hub model of `models:` as the download stage fetched it (safetensors, config and
         tokenizer files)."""

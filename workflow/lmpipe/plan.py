@@ -76,17 +76,8 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
     "tokenize_for_model": lambda c, w, gpu, cpus: costs.tokenize_job(
         c, w["dataset"], node_cpus=cpus
     ),
-    # a BPE trained on one core; nanochat's tok_train.py trains 2B characters in minutes
-    "train_tokenizer": lambda c, w, gpu, cpus: Job(
-        "train_tokenizer",
-        w["tokenizer"],
-        "cpu",
-        cpus=1,
-        mem_mb=8000,
-        limit_min=120,
-        estimate_s=600,
-        basis="assumed: 10 minutes (not measured)",
-    ),  # fmt: skip
+    # a BPE trained on one thread, at the rate measured on the embedded sample
+    "train_tokenizer": lambda c, w, gpu, cpus: costs.train_tokenizer_job(c, w["tokenizer"]),
     "mixture": lambda c, w, gpu, cpus: mixture_job("mixture", w),
     "mixture_for_model": lambda c, w, gpu, cpus: mixture_job("mixture_for_model", w),
     "prepare_conversations": lambda c, w, gpu, cpus: conversations_job("prepare_conversations", w),
@@ -107,6 +98,17 @@ RULE_COSTS: dict[str, Callable[[dict[str, Any], dict[str, str], str | None, int 
     ),  # fmt: skip
     "export_llmc": lambda c, w, gpu, cpus: export_llmc_job(c, w["run"]),
     "evaluate": lambda c, w, gpu, cpus: costs.eval_job(c, w["run"], w["eval"], gpu),
+    # tokenizing the tasks' text: the whole suite (its 11 tasks, MMLU's 14,042 items) in GPT-2's
+    # tokens took 8 s on one core here (`python -m lmpipe.eval.task_bytes`, 2026-12-07)
+    "task_bytes": lambda c, w, gpu, cpus: Job(
+        "task_bytes",
+        f"{w['text']}/{w['tokens']}",
+        "cpu",
+        mem_mb=2000,
+        estimate_s=10,
+        limit_min=15,
+        basis="measured: the whole suite in GPT-2's tokens, 8 s on one core",
+    ),  # fmt: skip
     "report": lambda c, w, gpu, cpus: Job(
         "report", w["report"], "cpu", mem_mb=8000, estimate_s=60, limit_min=120
     ),

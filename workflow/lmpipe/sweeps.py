@@ -15,6 +15,7 @@ points as runs, before any rule reads `runs:`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import math
@@ -22,7 +23,7 @@ import re
 from typing import Any
 
 from lmpipe import config as lmconfig
-from lmpipe.config import ConfigError, did_you_mean
+from lmpipe.config import ConfigError, TokenizerConfig, did_you_mean
 from lmpipe.registry import ARCHITECTURES
 
 REPORT_PREFIX = "sweep-"
@@ -31,6 +32,9 @@ VALUE = re.compile(r"[A-Za-z0-9._+-]+")  # a value as written in a point's name
 # the pipeline's presets, where a size ladder's power law puts them, and the published figures
 # (lmpipe.report.references) of llm.c's runs of them
 PRESETS = {"124m": "llm.c GPT-2 124M", "350m": "llm.c GPT-2 350M"}
+# a key `tokenizer.<setting>` sets the point's model's trained tokenizer's setting (tokenizer_point)
+TOKENIZER = "tokenizer."
+FIXED = ("name", "dataset")  # a tokenizer's settings a sweep keeps: its name, its text
 
 
 def report_name(sweep: str) -> str:
@@ -141,6 +145,45 @@ def set_key(
     node[parts[-1]] = copy.deepcopy(value)
 
 
+def tokenizer_point(
+    config: dict[str, Any], run: dict[str, Any], settings: dict[str, Any], where: str, base: str
+) -> None:
+    """A point's `tokenizer.<setting>` keys: its model's trained tokenizer with those settings, as
+    a `tokenizers:` entry of its own named by them (`embedded-4k-v2048`), and its model in it (a
+    `models:` entry `tiny-tok4k-v2048`, the tokenizer's vocabulary); the run reads that model.
+    Points with the same settings share the entry, so it is trained once; each is cached by its
+    settings like any tokenizer, so adding a size trains only the new one."""
+    model_name = run["model"]
+    model = config["models"][model_name]
+    if not (tok_name := model.get("tokenizer")):
+        raise ConfigError(
+            f"{where}: tokenizer.{next(iter(settings))} sets a trained tokenizer's setting, and"
+            f" run {base!r}'s model {model_name!r} has no `tokenizer:`"
+        )
+    tok = copy.deepcopy(config["tokenizers"][tok_name])
+    names = [f.name for f in dataclasses.fields(TokenizerConfig) if f.name not in FIXED]
+    for key, value in settings.items():
+        if key not in names:
+            raise ConfigError(
+                f"{where}: unknown key 'tokenizer.{key}': a trained tokenizer has no such"
+                f" setting{did_you_mean(key, names)}"
+            )
+        tok[key] = copy.deepcopy(value)
+    suffix = "_".join(
+        f"{'v' if k == 'vocab_size' else k}{format_value(v)}" for k, v in settings.items()
+    )
+    config["tokenizers"][f"{tok_name}-{suffix}"] = tok
+    vocab, padded = model["vocab_size"], model.get("padded_vocab_size")
+    config["models"][f"{model_name}-{suffix}"] = model | {
+        "tokenizer": f"{tok_name}-{suffix}",
+        "vocab_size": tok["vocab_size"],
+        # the base's padding kept: none, or up to a multiple of 128
+        "padded_vocab_size": tok["vocab_size"] if padded in (None, vocab)
+        else math.ceil(tok["vocab_size"] / 128) * 128,
+    }  # fmt: skip
+    run["model"] = f"{model_name}-{suffix}"
+
+
 def ladder_steps(config: dict[str, Any], run: dict[str, Any], tokens_per_param: float) -> int:
     """A size ladder's steps: ceil(tokens_per_param * N / batch_tokens), N the point's model's
     parameters (lmpipe.registry, without torch)."""
@@ -174,8 +217,14 @@ def expand_sweep(config: dict[str, Any], name: str) -> list[str]:
     for i, point in enumerate(points):
         at = f"{where}.grid" if "grid" in sweep else f"{where}.points[{i}]"
         run = copy.deepcopy(config["runs"][base])
+        tokenizer = {
+            k.removeprefix(TOKENIZER): v for k, v in point.items() if k.startswith(TOKENIZER)
+        }
         for key, value in point.items():
-            set_key(config, run, key, value, at, base)
+            if not key.startswith(TOKENIZER):
+                set_key(config, run, key, value, at, base)
+        if tokenizer:
+            tokenizer_point(config, run, tokenizer, at, base)
         if ladder is not None:
             run["train"]["max_steps"] = ladder_steps(config, run, ladder)
         wandb = run.get("logging", {}).get("wandb")
@@ -206,6 +255,14 @@ def _get(d: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
         d = d[part]
     return d
+
+
+def point_value(config: dict[str, Any], run: str, key: str) -> Any:
+    """A point's value of a swept key: a run setting, or its model's tokenizer's setting."""
+    if key.startswith(TOKENIZER):
+        tok = config["models"][config["runs"][run]["model"]]["tokenizer"]
+        return config["tokenizers"][tok][key.removeprefix(TOKENIZER)]
+    return _get(config["runs"][run], key)
 
 
 def compute(config: dict[str, Any], run: str) -> float:
@@ -243,7 +300,7 @@ def sweep_params(config: dict[str, Any], name: str) -> dict[str, Any]:
         "base": sweep["base"],
         "keys": keys,
         "short": short_keys(keys),
-        "points": {r: {k: _get(config["runs"][r], k) for k in keys} for r in runs},
+        "points": {r: {k: point_value(config, r, k) for k in keys} for r in runs},
         "ladder": None,
     }
     if sweep.get("tokens_per_param") is not None:

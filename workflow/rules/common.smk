@@ -216,7 +216,7 @@ def get_report_inputs(wildcards):
     finals += [LAYOUT.hf_dir(r) for r in runs if r in REFERENCE_RUNS]
     evals = [f for r in runs for f in get_eval_outputs(r)]
     manifests = sorted({lmconfig.text_tokens(config, r) for r in runs})
-    return finals + evals + manifests
+    return finals + evals + manifests + lmconfig.task_bytes_files(config, runs)
 
 
 # ---- train (train.smk): pretraining and fine-tuning runs, one rule ----

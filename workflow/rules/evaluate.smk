@@ -30,3 +30,35 @@ rule evaluate:
     shell:
         "python -m lmpipe.eval {wildcards.eval} --config-json {params.cfg_file:q}"
         " --model {input.model:q} {params.inputs} --out {output:q} > {log} 2>&1"
+
+
+# the tokens and bytes of an evaluation's text (`suite`: every task of its manifest;
+# `hellaswag-{file}`) in GPT-2's tokenizer (`gpt2`) or a run's own (lmpipe.eval.task_bytes): the
+# report's bytes per token on each task, one job a tokenizer and text, torch-free
+def task_bytes_key(wildcards):
+    """The tokens_of answer a task_bytes file names (`gpt2`: None, GPT-2's)."""
+    return None if wildcards.tokens == "gpt2" else wildcards.tokens
+
+
+rule task_bytes:
+    input:
+        text=lambda wc: lmconfig.task_bytes_input(config, wc.text),
+        tokenizer=lambda wc: get_tokenizer_input(task_bytes_key(wc)),
+    output:
+        LAYOUT.task_bytes("{text}", "{tokens}"),
+    log:
+        LAYOUT.log("task_bytes", "{text}/{tokens}"),
+    wildcard_constraints:
+        text=one_of(["suite", *(f"hellaswag-{k}" for k in config["hellaswag"])]),
+        tokens=one_of(["gpt2", *lmconfig.tokenizing_models(config)]),
+    conda:
+        "../../envs/data.yaml"
+    resources:
+        mem_mb=2000,  # as the plan costs it (lmpipe.plan: task_bytes)
+        runtime=15,
+    params:
+        flag=lambda wc: "--suite" if wc.text == "suite" else "--hellaswag",
+        tokenizer=lambda wc: lmconfig.tokenizer_folder(config, task_bytes_key(wc)),
+    shell:
+        "python -m lmpipe.eval.task_bytes --tokenizer {params.tokenizer:q}"
+        " {params.flag} {input.text:q} --out {output:q} > {log} 2>&1"

@@ -7,10 +7,15 @@ manifest's val shards and its byte table (lmpipe.data.token_bytes): the UTF-8 by
 tokens spell over those tokens, the end-of-text token that opens each document counted as a
 token of 0 bytes (as bits per byte counts it, lmpipe.eval.val_loss). GPT-2's tokens of each
 run's text are in the row beside the runs' own, where that data was tokenized.
+
+The evaluation tasks' text (the suite's tasks, HellaSwag) is counted by the task_bytes jobs
+(lmpipe.eval.task_bytes, one small JSON a tokenizer and text, GPT-2's and each run's own): the
+report reads those files, so it stays torch-free and tokenizes nothing.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,3 +85,31 @@ def compression_rows(runs: list[Run], layout: Layout) -> list[dict[str, Any]]:
             }
         )  # fmt: skip
     return rows
+
+
+def task_compression(runs: list[Run], layout: Layout, val_rows: list[dict]) -> dict[str, Any]:
+    """Bytes a token on each evaluation task's text, a row a tokenizer (GPT-2's first), beside
+    each val text's (`val_rows`, compression_rows'): {"columns": [...], "rows": [...]}; empty
+    where no run of the report is scored on a task."""
+    texts = sorted({t for run in runs for t in run.settings.get("task_texts", [])})
+    if not texts:
+        return {}
+    ofs = [None, *sorted({run.settings.get("tokens_of") for run in runs} - {None})]
+    datasets = sorted({r["dataset"] for r in val_rows})
+    columns = [f"val: {d}" for d in datasets]
+    rows = []
+    for of in ofs:
+        name = tokens_name(of).removesuffix("'s tokens")
+        cells = {f"val: {r['dataset']}": r["bytes_per_token"] for r in val_rows
+                 if r["tokenizer"] == name}  # fmt: skip
+        for text in texts:
+            path = Path(layout.task_bytes(text, of))
+            if not path.exists():
+                continue
+            for task, c in json.loads(path.read_text())["tasks"].items():
+                cells[task] = c["bytes"] / c["tokens"]
+                columns += [task] if task not in columns else []
+        rows.append({"tokenizer": name, "cells": cells})
+    if len(columns) == len(datasets):
+        return {}
+    return {"columns": columns, "rows": rows}

@@ -30,7 +30,7 @@ from lmpipe.job_params import PREFIX
 from lmpipe.paths import REPORT_TEMPLATES, Layout
 from lmpipe.report.chat import chat_section
 from lmpipe.report.comparison import compare
-from lmpipe.report.compression import compression_rows
+from lmpipe.report.compression import compression_rows, task_compression
 from lmpipe.report.figures import (
     bpb_figure,
     hellaswag_figure,
@@ -315,6 +315,7 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
     for r in runs:
         kinds.setdefault(r.kind, []).append(r.name)
     headlines = [headline(r, price[r.name]) for r in runs]
+    val_rows = compression_rows(runs, layout)
     return env.get_template("report.html.j2").render(
         recipes=recipe_headlines(runs, headlines),
         report=params["report"],
@@ -327,7 +328,8 @@ def build_report(params: dict[str, Any], layout: Layout, plan: dict[str, Any] | 
         plan=plan_rows(runs, headlines, plan or {}),
         restarts=restart_rows(runs),
         sources=source_rows(runs),
-        compression=compression_rows(runs, layout),
+        compression=val_rows,
+        task_compression=task_compression(runs, layout, val_rows),
         references=headline_references(runs),
         comparison=task_comparison(runs, params.get("compare")),
         settings=settings,

@@ -2,7 +2,9 @@
 
 From the report params' `sweep` section (lmpipe.sweeps.sweep_params) and the points' result
 files: the final val loss and every headline evaluation against each swept key, one line per
-value of the other keys, the best point marked; every point's curves; and for a size ladder a
+value of the other keys, the best point marked (by val loss; by val bits per byte, a column of its
+own, where the points read different tokenizers' tokens: a sweep of `tokenizer.vocab_size`);
+every point's curves; and for a size ladder a
 power law of val loss against training compute (lmpipe.report.powerlaw: its parameters with
 standard errors, the range of exponents the points cannot tell apart, and a warning in words
 where the law is not identified), and where the 124M / 350M presets would land on it beside
@@ -23,9 +25,12 @@ from lmpipe.registry import EVALUATIONS, Column
 from lmpipe.report.figures import _png, loss_figure, plt
 from lmpipe.report.powerlaw import Fit, b_bounds, fit_power_law, range_words
 from lmpipe.report.references import REFERENCES
-from lmpipe.report.runs import Run, headline_columns
+from lmpipe.report.runs import BPB, Run, headline_columns, tokens_of
 from lmpipe.sweeps import format_value
 
+# what a sweep's best point is by: its final val loss, or, where its points read different
+# tokenizers' tokens (a sweep of tokenizer.vocab_size), its val bits per byte
+VAL_LOSS = Column("val_loss", "val loss", "value", "loss")
 # what the ladder's parameter count N holds, on the figures and the page
 PARAMETERS = "parameters, token embedding included"
 
@@ -41,7 +46,7 @@ def final_metrics(run: Run) -> dict[str, float | None]:
 
 
 def best_point(runs: list[Run], loss: dict[str, float | None]) -> str | None:
-    """The finished point with the lowest final val loss."""
+    """The finished point with the lowest final val loss (or the figure given)."""
     done = [r.name for r in runs if loss.get(r.name) is not None]
     return min(done, key=lambda n: loss[n]) if done else None
 
@@ -256,9 +261,15 @@ def sweep_context(params: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
     sweep = params["sweep"]
     columns = headline_columns(runs)
     finals = {r.name: final_metrics(r) for r in runs}
+    by = VAL_LOSS
+    if len({tokens_of(r) for r in runs}) > 1:  # losses in different tokens: compare by bpb
+        by = BPB
+        columns = [BPB, *columns]
+        for r in runs:
+            finals[r.name][BPB.key] = r.evals.get("val_loss", {}).get(BPB.field)
     metrics = {c.key: {r.name: finals[r.name][c.key] for r in runs} for c in columns}
     loss = metrics["val_loss"]
-    best = best_point(runs, loss)
+    best = best_point(runs, metrics[by.key])
     ladder = sweep["ladder"]
     figures = {}
     for key in sweep["keys"]:
@@ -271,6 +282,7 @@ def sweep_context(params: dict[str, Any], runs: list[Run]) -> dict[str, Any]:
         "columns": columns,
         "metrics": metrics,
         "best": best,
+        "by": by,
         "key_figures": figures,
         "curves": loss_figure(runs),
         "ladder": ladder_context(sweep, runs, loss) if ladder else None,
