@@ -337,3 +337,8 @@ def get_eval_input_args(wildcards, input):
         for kind, path in input.items()
         if kind != "model"
     )
+
+
+def task_bytes_key(wildcards):
+    """The tokens_of answer a task_bytes file names (`gpt2`: None, GPT-2's)."""
+    return None if wildcards.tokens == "gpt2" else wildcards.tokens

@@ -35,11 +35,6 @@ rule evaluate:
 # the tokens and bytes of an evaluation's text (`suite`: every task of its manifest;
 # `hellaswag-{file}`) in GPT-2's tokenizer (`gpt2`) or a run's own (lmpipe.eval.task_bytes): the
 # report's bytes per token on each task, one job a tokenizer and text, torch-free
-def task_bytes_key(wildcards):
-    """The tokens_of answer a task_bytes file names (`gpt2`: None, GPT-2's)."""
-    return None if wildcards.tokens == "gpt2" else wildcards.tokens
-
-
 rule task_bytes:
     input:
         text=lambda wc: lmconfig.task_bytes_input(config, wc.text),
