@@ -3,7 +3,8 @@ read a too-long prompt, stop and cut their completions the same way.
 
 Greedy, so a result is reproducible; no KV cache: the model reads its last block_size tokens at
 each step (a prompt longer than the block keeps its tail, as the evaluations' prompts end with
-what the model must answer). The completion ends at the end of text, at `max_new_tokens`, or at
+what the model must answer), its LM head at the last position only (lmpipe.models' `hidden_states`
+and `head`: on a small model the head over every position is most of a step). The completion ends at the end of text, at `max_new_tokens`, or at
 the first of the stop sequences, and is cut before it (lm-eval's `until`, the Codex paper's stop
 sequences).
 """
@@ -34,8 +35,8 @@ def greedy(
     new: list[int] = []
     for _ in range(max_new_tokens):
         idx = torch.tensor([(ids + new)[-model.config.block_size :]], device=device)
-        logits, _ = model(idx)
-        token = int(logits[0, -1, : enc.n_vocab].argmax())  # the padding never predicted
+        logits = model.head(model.hidden_states(idx)[:, -1])  # the head at the last token only
+        token = int(logits[0, : enc.n_vocab].argmax())  # the padding never predicted
         if token == enc.eot_token:
             break
         new.append(token)
