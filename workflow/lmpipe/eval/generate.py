@@ -3,10 +3,10 @@ read a too-long prompt, stop and cut their completions the same way.
 
 Greedy, so a result is reproducible; no KV cache: the model reads its last block_size tokens at
 each step (a prompt longer than the block keeps its tail, as the evaluations' prompts end with
-what the model must answer), its LM head at the last position only (lmpipe.models' `hidden_states`
-and `head`: on a small model the head over every position is most of a step). The completion ends at the end of text, at `max_new_tokens`, or at
-the first of the stop sequences, and is cut before it (lm-eval's `until`, the Codex paper's stop
-sequences).
+what the model must answer), its LM head at the last position only (lmpipe.models'
+`hidden_states` and `head`: on a small model the head over every position is most of a step).
+The completion ends at the end of text, at `max_new_tokens`, or at the first of the stop
+sequences, and is cut before it (lm-eval's `until`, the Codex paper's stop sequences).
 """
 
 from __future__ import annotations
