@@ -343,6 +343,18 @@ class HumanEvalSettings:
 
 
 @dataclass(frozen=True)
+class GSM8KSettings:
+    """GSM8K exact match: a greedy answer to each test problem, 5-shot for a base model, in its
+    chat template for a chat model (one whose folder carries one)."""
+
+    items: int = setting(0, "the first N of the 1,319 test problems (0: no GSM8K)", minimum=0)
+    max_new_tokens: int = setting(256, "new tokens at most an answer (lm-eval's)", minimum=1)
+    shots: int = setting(
+        5, "worked examples from the train split before a base model's problem", minimum=0
+    )
+
+
+@dataclass(frozen=True)
 class Column:
     """A headline column of the report: `field` of the result file, shown as `fmt`."""
 
@@ -470,6 +482,22 @@ def humaneval_cost(settings: HumanEvalSettings, run: EvalRun) -> float:
     return settings.items * sum(min(block, 140 + i) for i in range(settings.max_new_tokens))
 
 
+# GPT-2 tokens of a GSM8K prompt, measured over the 1,319 test problems and the 7,473 train ones
+# (lmpipe.eval.gsm8k's prompts, 2026-12-08): a problem's "Question: ...\nAnswer:", and a worked
+# example's; the 5-shot prompts' mean is 845.6
+GSM8K_QUESTION_TOKENS = 61.5
+GSM8K_SHOT_TOKENS = 156.1
+
+
+def gsm8k_cost(settings: GSM8KSettings, run: EvalRun) -> float:
+    """Each problem's answer sampled without a KV cache from its `shots`-shot prompt, at most
+    `max_new_tokens` (a chat model's 0-shot prompt, the question in its template, is shorter:
+    this is at most)."""
+    block = run.run.model.block_size
+    prompt = GSM8K_QUESTION_TOKENS + settings.shots * GSM8K_SHOT_TOKENS
+    return settings.items * sum(min(block, prompt + i) for i in range(settings.max_new_tokens))
+
+
 EVALUATIONS: dict[str, Evaluation] = {
     e.name: e
     for e in (
@@ -554,6 +582,16 @@ EVALUATIONS: dict[str, Evaluation] = {
             cost=humaneval_cost,
             applies=lambda settings, chat: settings.items > 0,
             description="HumanEval pass@1, greedy completions run in the sandbox",
+        ),
+        Evaluation(
+            "gsm8k",
+            "lmpipe.eval.gsm8k:evaluate",
+            "gsm8k",
+            GSM8KSettings,
+            cost=gsm8k_cost,
+            applies=lambda settings, chat: settings.items > 0,
+            description="GSM8K exact match, greedy answers (5-shot; a chat model 0-shot in its"
+            " chat template)",
         ),
         Evaluation(
             "samples",

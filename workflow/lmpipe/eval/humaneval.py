@@ -17,9 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from lmpipe.eval import gold_bpb, sandbox
+from lmpipe.eval import generate, gold_bpb, sandbox
 from lmpipe.registry import HumanEvalSettings
 
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # the Codex paper's (human-eval's)
@@ -45,26 +43,13 @@ def load_problems(limit: int | None = None) -> list[dict[str, str]]:
 
 def cut(completion: str) -> str:
     """The completion before the first stop sequence."""
-    ends = [i for i in (completion.find(s) for s in STOP) if i >= 0]
-    return completion[: min(ends)] if ends else completion
+    return generate.cut(completion, STOP)
 
 
-@torch.no_grad()
 def complete(model: Any, enc: Any, prompt: str, max_new_tokens: int, device: str) -> str:
     """Greedy tokens after `prompt` until a stop sequence, the end of text or max_new_tokens
-    (no KV cache: the model reads its last block_size tokens each step)."""
-    ids = enc.encode_ordinary(prompt)
-    new: list[int] = []
-    for _ in range(max_new_tokens):
-        idx = torch.tensor([(ids + new)[-model.config.block_size :]], device=device)
-        logits, _ = model(idx)
-        token = int(logits[0, -1, : enc.n_vocab].argmax())  # the padding never predicted
-        if token == enc.eot_token:
-            break
-        new.append(token)
-        if cut(enc.decode(new)) != enc.decode(new):
-            break
-    return cut(enc.decode(new))
+    (lmpipe.eval.generate: the model reads its last block_size tokens each step)."""
+    return generate.greedy(model, enc, enc.encode_ordinary(prompt), max_new_tokens, device, STOP)
 
 
 def run_tests(

@@ -1,0 +1,45 @@
+"""Greedy generation for the generative evaluations (HumanEval, GSM8K): one loop, so that both
+read a too-long prompt, stop and cut their completions the same way.
+
+Greedy, so a result is reproducible; no KV cache: the model reads its last block_size tokens at
+each step (a prompt longer than the block keeps its tail, as the evaluations' prompts end with
+what the model must answer), its LM head at the last position only (lmpipe.models'
+`hidden_states` and `head`: on a small model the head over every position is most of a step).
+The completion ends at the end of text, at `max_new_tokens`, or at the first of the stop
+sequences, and is cut before it (lm-eval's `until`, the Codex paper's stop sequences).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def cut(text: str, stop: tuple[str, ...]) -> str:
+    """`text` before the first of the stop sequences."""
+    ends = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[: min(ends)] if ends else text
+
+
+@torch.no_grad()
+def greedy(
+    model: Any,
+    enc: Any,
+    ids: list[int],
+    max_new_tokens: int,
+    device: str,
+    stop: tuple[str, ...] = (),
+) -> str:
+    """The greedy completion of the prompt `ids` in `enc`'s tokens, cut before a stop sequence."""
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        idx = torch.tensor([(ids + new)[-model.config.block_size :]], device=device)
+        logits = model.head(model.hidden_states(idx)[:, -1])  # the head at the last token only
+        token = int(logits[0, : enc.n_vocab].argmax())  # the padding never predicted
+        if token == enc.eot_token:
+            break
+        new.append(token)
+        if stop and cut(enc.decode(new), stop) != enc.decode(new):
+            break
+    return cut(enc.decode(new), stop)
