@@ -116,9 +116,7 @@ class Run:
         return "not finished"
 
 
-# the eval/ result files read: each registered evaluation's, and GSM8K's (lmpipe.eval.gsm8k's
-# contract) whether or not this registry names it
-RESULT_FILES = tuple(dict.fromkeys([*EVALUATIONS, "gsm8k"]))
+RESULT_FILES = tuple(EVALUATIONS)  # the eval/ result files read: each registered evaluation's
 NOT_SETTINGS = ("run", "evaluations", "chat_dataset")  # in a run's params, never a setting
 
 
