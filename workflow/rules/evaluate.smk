@@ -34,7 +34,8 @@ rule evaluate:
 
 # the tokens and bytes of an evaluation's text (`suite`: every task of its manifest;
 # `hellaswag-{file}`) in GPT-2's tokenizer (`gpt2`) or a run's own (lmpipe.eval.task_bytes): the
-# report's bytes per token on each task, one job a tokenizer and text, torch-free
+# report's bytes per token on each task, one job a tokenizer and text (the evaluations' env: it
+# reads the tasks with their scorers' code)
 rule task_bytes:
     input:
         text=lambda wc: lmconfig.task_bytes_input(config, wc.text),
@@ -47,7 +48,7 @@ rule task_bytes:
         text=one_of(["suite", *(f"hellaswag-{k}" for k in config["hellaswag"])]),
         tokens=one_of(["gpt2", *lmconfig.tokenizing_models(config)]),
     conda:
-        "../../envs/data.yaml"
+        "../../envs/evaluate.yaml"
     resources:
         mem_mb=2000,  # as the plan costs it (lmpipe.plan: task_bytes)
         runtime=15,
