@@ -34,6 +34,10 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   FlexAttention (`document_window_block_mask`), elsewhere, and for rows not in whole blocks, as
   SDPA's boolean mask (`document_window_mask`, the definition).
 
+Inference may decode with a KV cache (`decode`, transformers' DynamicCache or any cache with its
+`update`): the new tokens' logits are the full forward's, under the same masks over every cached
+key. Training never takes that branch.
+
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
 """
