@@ -1,5 +1,6 @@
 """Every export loads with transformers alone: a modern run's through the model code it ships
-(trust_remote_code), in a process that cannot import lmpipe, to the trained model's logits;
+(trust_remote_code), in a process that cannot import lmpipe, to the trained model's logits,
+and its `generate` gives the same greedy tokens and logits with the KV cache as without;
 and every chat run's export carries the Vicuna template as its tokenizer's chat_template, whose
 ids are lmpipe.chat.template.prompt_ids' exactly."""
 
@@ -45,6 +46,14 @@ TRANSFORMERS_ALONE = textwrap.dedent(
     with torch.no_grad():
         logits = model(ref["idx"]).logits
     assert torch.equal(logits, ref["logits"]), (logits - ref["logits"]).abs().max()
+    greedy = dict(
+        max_new_tokens=30, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
+    with torch.no_grad():
+        cached = model.generate(ref["idx"][:1], use_cache=True, **greedy)
+        uncached = model.generate(ref["idx"][:1], use_cache=False, **greedy)
+    assert cached.sequences.tolist() == uncached.sequences.tolist()
+    torch.testing.assert_close(cached.logits, uncached.logits, rtol=0, atol=1e-5)
     print("equal")
     """
 )

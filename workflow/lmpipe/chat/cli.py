@@ -3,8 +3,9 @@
     lmpipe-chat results/runs/embedded-a-chat/model/hf               # interactive; empty line quits
     lmpipe-chat results/runs/embedded-a-chat/model/hf --prompt "Who are you?"   # one turn
 
-The model is a Hugging Face folder `convert` writes (GPT-2's GPT2LMHeadModel, or a `model.arch:
-hf` run's own class) with its tokenizer; the prompt is the Vicuna v1.1 template of
+The model is a Hugging Face folder `convert` writes (GPT-2's GPT2LMHeadModel, a `model.arch:
+hf` run's own class, or a `modern` run's class in the code its folder ships, loaded with
+trust_remote_code) with its tokenizer; the prompt is the Vicuna v1.1 template of
 `lmpipe.chat.template` on that tokenizer's special tokens, ending with "ASSISTANT:". The model's
 own `generate` writes the reply (with its KV cache); tokens are printed as they come
 (transformers' TextStreamer) until the model writes the tokenizer's end of text, the `</s>` of
@@ -34,16 +35,25 @@ def load(model_dir: str | Path, device: str = "cpu") -> tuple[Any, Any]:
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir}: no config.json (expected a converted model folder)")
     arch = json.loads((model_dir / "config.json").read_text()).get("lmpipe_arch", "gpt2")
-    if arch not in (
-        "gpt2",
-        "hf",
-    ):  # a native folder (lmpipe.models.modern.hf): no transformers class
+    if arch not in ("gpt2", "hf", "modern"):
         raise ValueError(
-            f"{model_dir}: a model.arch {arch!r} folder; the chat CLI reads transformers ones"
+            f"{model_dir}: a model.arch {arch!r} folder; the chat CLI reads gpt2, hf, modern ones"
         )
+    if arch == "modern":  # its transformers class is the code the folder ships
+        from lmpipe.models.modern.hf import SHIPPED
+
+        missing = [name for name in SHIPPED if not (model_dir / name).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{model_dir}: a modern export without its model code ({', '.join(missing)})"
+            )
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, use_safetensors=True, local_files_only=True
+        model_dir,
+        dtype=torch.float32,
+        use_safetensors=True,
+        local_files_only=True,
+        trust_remote_code=arch == "modern",
     ).to(device)
     return model.eval(), tokenizer
 

@@ -34,13 +34,20 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   FlexAttention (`document_window_block_mask`), elsewhere, and for rows not in whole blocks, as
   SDPA's boolean mask (`document_window_mask`, the definition).
 
+Inference may decode with a KV cache (`decode`, transformers' DynamicCache or any cache with its
+`update`): the new tokens' logits are the full forward's, under the same masks over every cached
+key. Training never takes that branch.
+
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
 is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -58,25 +65,43 @@ def modern_config(**fields) -> ModelConfig:
     return model_config({"arch": "modern", **fields}, "modern model")
 
 
+# a KV cache's update for one layer: the new keys and values in, all the cached ones out
+KVUpdate = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class KVCache(Protocol):
+    """What `ModernGPT.decode` needs of a KV cache: transformers' DynamicCache has it."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def get_seq_length(self, layer_idx: int = 0) -> int: ...
+
+
 EOT = 50256  # GPT-2's end-of-text token: the shards put one before each document
 WINDOW_BLOCK = 128  # the records' FlexAttention block: the window counts whole blocks
 
 
-def document_window_mask(idx: torch.Tensor, document: bool, window: int | None) -> torch.Tensor:
-    """(B, 1, T, T) bool, True where query t may attend key s: s <= t; with `document`, s in the
+def document_window_mask(
+    idx: torch.Tensor, document: bool, window: int | None, queries: int | None = None
+) -> torch.Tensor:
+    """(B, 1, Q, T) bool, True where query t may attend key s: s <= t; with `document`, s in the
     same document (a document starts at each EOT: the records' `docs = (inputs ==
     50256).cumsum(0)`); with `window`, s's 128-token block less than window / 128 blocks behind
-    t's (the records' block-wise `q_idx - kv_idx < sliding_window_num_blocks`). SDPA's boolean
-    mask, on every device."""
+    t's (the records' block-wise `q_idx - kv_idx < sliding_window_num_blocks`). The queries are
+    the last Q of idx's T tokens (default all: Q = T; fewer when decoding with a KV cache, whose
+    keys are all T). SDPA's boolean mask, on every device."""
     T = idx.size(1)
     t = torch.arange(T, device=idx.device)
-    allowed = (t[:, None] >= t[None, :])[None]  # (1, T, T)
+    q = t[T - (T if queries is None else queries) :]  # the queries' positions
+    allowed = (q[:, None] >= t[None, :])[None]  # (1, Q, T)
     if document:
         docs = (idx == EOT).cumsum(1)  # (B, T)
-        allowed = allowed & (docs[:, :, None] == docs[:, None, :])
+        allowed = allowed & (docs[:, q, None] == docs[:, None, :])
     if window is not None:
         blocks = t // WINDOW_BLOCK
-        allowed = allowed & (blocks[:, None] - blocks[None, :] < window // WINDOW_BLOCK)[None]
+        allowed = allowed & (blocks[q, None] - blocks[None, :] < window // WINDOW_BLOCK)[None]
     return allowed[:, None]
 
 
@@ -187,7 +212,10 @@ class CausalSelfAttention(nn.Module):
         rope: tuple[torch.Tensor, ...] | None,
         mask: torch.Tensor | BlockMask | None = None,
         ve: torch.Tensor | None = None,
+        kv: KVUpdate | None = None,
     ) -> torch.Tensor:
+        """`kv` (inference only): the cache's update, which appends this call's keys and values
+        to the cached ones and returns all of them; `mask` then covers all the keys."""
         B, T, C = x.size()
         if hasattr(self, "c_attn"):
             q, k, v = self.c_attn(x).split(C, dim=2)
@@ -205,6 +233,8 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if kv is not None:
+            k, v = kv(k, v)  # (B, nh, past + T, hs)
         y = attend(q, k, v, mask)  # causal, or under a packed rows' mask
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
@@ -242,11 +272,12 @@ class Block(nn.Module):
         mask: torch.Tensor | BlockMask | None = None,
         x0: torch.Tensor | None = None,
         ve: torch.Tensor | None = None,
+        kv: KVUpdate | None = None,
     ) -> torch.Tensor:
         if hasattr(self, "lambdas"):
             x = self.lambdas[0] * x + self.lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(self.ln_1(x), rope, mask, ve)
+            x = x + self.attn(self.ln_1(x), rope, mask, ve, kv)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -393,8 +424,10 @@ class ModernGPT(nn.Module):
         idx: torch.Tensor,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> torch.Tensor:
-        """The stem and the blocks, before the final norm: (B, T) -> (B, T, C)."""
+        """The stem and the blocks, before the final norm: (B, T) -> (B, T, C). With a `cache`
+        (inference, `decode`), block i's keys and values go to and come from its layer i."""
         c = self.config
         x, tables, rope = self.embed(idx, positions)
         x0 = x
@@ -411,7 +444,8 @@ class ModernGPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             if c.unet_skips and i >= encoder:
                 x = x + self.skip_weights[i - encoder] * skips.pop()
-            x = block(x, rope, mask, x0, ve[i])
+            kv = None if cache is None else functools.partial(cache.update, layer_idx=i)
+            x = block(x, rope, mask, x0, ve[i], kv)
             if c.unet_skips and i < encoder:
                 skips.append(x)
         return x
@@ -434,6 +468,33 @@ class ModernGPT(nn.Module):
         if targets is None:
             return self.head(self.hidden_states(idx)), None  # (B, T, V)
         return None, self.head_loss(self.trunk(idx), targets)
+
+    def decode(
+        self, idx: torch.Tensor, cache: KVCache, context: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Inference with a KV cache: the fp32 logits (B, T, vocab_size) of tokens idx (B, T)
+        that follow the `past` tokens the cache holds (none: a prompt), the cache extended by
+        them; the full forward's logits at those positions. Its masks over all past + T keys:
+        causal, the window (blocks counted from position 0, as in the full forward), and with
+        document_mask the documents of `context` (B, past + T), all the tokens so far, which it
+        then needs once past > 0. SDPA under a boolean mask: no FlexAttention, no compile."""
+        c = self.config
+        first = next((i for i, b in enumerate(self.transformer.h) if b.attn is not None), 0)
+        past, T = cache.get_seq_length(first), idx.size(1)
+        if past + T > c.block_size:
+            raise ValueError(f"sequence of {past + T} exceeds block_size {c.block_size}")
+        if context is None:
+            if c.document_mask and past:
+                raise ValueError("a document-masked model's cached decoding needs the context")
+            context = torch.cat([idx.new_zeros(idx.size(0), past), idx], dim=1)
+        if context.shape != (idx.size(0), past + T) or not torch.equal(context[:, past:], idx):
+            raise ValueError(
+                f"context {tuple(context.shape)}: not the {past} cached tokens and then idx"
+            )
+        window = window_at(c, self.progress)
+        mask = document_window_mask(context, c.document_mask, window, queries=T)
+        positions = torch.arange(past, past + T, device=idx.device)
+        return self.head(self.transformer.ln_f(self.trunk(idx, positions, mask, cache)))
 
     def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The tail: final norm -> LM head -> soft-capped loss, the trunk's (B, T, C) to the mean
