@@ -1033,6 +1033,7 @@ class Check:
             "gpu-check-real", self.plan.real_model, train, self.placement(self.plan.device)
         )
         timed_out: PartTimeout | None = None
+        cached = self.cached_graphs()
         t = time.monotonic()
         try:
             self.run("real run (launcher)", self.train_cmd(job, out))
@@ -1063,6 +1064,8 @@ class Check:
             "train_wall_s": steps[-1]["wall_s"] if steps else None,
             # the step-0 validation and step 1: its compile (or cache reads) included
             "first_step_wall_s": steps[0]["wall_s"] if steps else None,
+            # graphs it compiled itself, not read from speed.d12_mb64's (expected: none)
+            "graphs_compiled": {k: n - cached[k] for k, n in self.cached_graphs().items()},
             "final_written": (out / "final").exists(),
             "loss_curve": [[m["step"], round(m["loss"], 5)] for m in steps],
         }
@@ -1136,6 +1139,13 @@ class Check:
             if (spec.preset, spec.mb) != (first.preset, first.mb):
                 self.speed_part(spec)
         return self.finish()
+
+    def cached_graphs(self) -> dict[str, int]:
+        """Entries of the call's Inductor cache: FX graphs compiled (`fxgraph`) and AOTAutograd's
+        forward/backward pairs (`aotautograd`), each one file."""
+        root = Path(self.env()["TORCHINDUCTOR_CACHE_DIR"])
+        kinds = ("fxgraph", "aotautograd")
+        return {k: sum(f.is_file() for f in (root / k).rglob("*")) for k in kinds}
 
     def cache_figures(self) -> dict[str, Any]:
         """What the call's compile caches hold (files and MiB, Inductor's and Triton's), or the
