@@ -33,9 +33,11 @@ Parts, in the order they run (names as in the JSON):
   regions: the stem, each block and the tail, final norm -> LM head -> loss, as regions), then
   in FP8 (`_fp8`: train.fp8, torchao's float8; skipped where torchao is not installed), then the
   head and loss in chunks (`_chunked`: train.loss_chunk_tokens 8192).
-- `real_run`: d12 (124M) trained for 120 steps of 64K tokens on the tokenized sample (several
-  epochs) through the launcher, bf16 + compile; the loss curve (loss_curve.csv, loss_curve.png
-  when matplotlib imports) and the tokens/s and MFU the trainer logged.
+- `real_run`: d12 (124M) at `speed.d12_mb64`'s micro-batch and settings, trained for 80 steps
+  of 128K tokens on the tokenized sample (several epochs) through the launcher, bf16 + compile,
+  every graph read back from the compile caches that part filled; the loss curve
+  (loss_curve.csv, loss_curve.png when matplotlib imports), the tokens/s and MFU the trainer
+  logged, and the graphs it compiled itself (expected none).
 - on request (`--parts` names them; their budgets do not fit the deadline beside the others, and
   with env's and data's they fit a second call): the compile trials, the blocks only
   (`speed.d12_mb64_blocks`: the stem and final norm eager, the loss compiled alone), the whole
@@ -45,7 +47,9 @@ Parts, in the order they run (names as in the JSON):
   `--smoke` runs every part.
 
 Each part runs in try/except with a time budget; gpu_check.json is rewritten after each part, so a
-timeout still leaves results. A part whose estimate no longer fits `--deadline` is skipped. The
+timeout still leaves results. A part whose estimate no longer fits `--deadline` is skipped. What a
+part leaves of its budget goes to the next; a part that cannot run here gives all of it. Every
+process of the call shares one Inductor and one Triton cache (under the scratch folder). The
 default parts' budgets sum to under the default deadline (450 s), the most important parts
 first; so do env's, data's and the on-request parts'.
 Writes to --out: gpu_check.json, gpu_check.log (this script's lines and every subprocess's
