@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -57,6 +58,9 @@ from lmpipe.config import (  # noqa: E402
     named_models,
     train_config,
 )
+from lmpipe.data.loader import val_set  # noqa: E402
+from lmpipe.data.shards import GPT2_EOT  # noqa: E402
+from lmpipe.eval import val_loss  # noqa: E402
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
 from lmpipe.models.attention import kernel_ops  # noqa: E402
 from lmpipe.train.fp8 import after_optimizer_step, fp8_problem  # noqa: E402
@@ -170,6 +174,35 @@ def attention_ops(step, device: torch.device) -> tuple[list[str], str]:
     return ops, ", ".join(kernel_ops(prof.events())) or "none"
 
 
+def first_validation(
+    model: torch.nn.Module, micro_batch: int, seq_len: int, vocab_size: int, device: torch.device
+) -> None:
+    """The trainer's step-0 validation (lmpipe.eval.val_loss.score on one val batch of the
+    training micro-batch, built as lmpipe.data.loader.val_batches builds it): its no-grad
+    forwards run, and compile, before the first training step, as in the trainer, so the
+    graphs timed here are the trainer's, and a later process sharing the compile caches
+    (benchmarks/gpu_check: real_run) finds every graph it needs already built."""
+    tokens = np.random.default_rng(0).integers(0, vocab_size, micro_batch * seq_len + 1)
+    val = val_set(tokens, seq_len, [(0, micro_batch)], GPT2_EOT)
+    val_loss.score(model, val, device, dist.group.WORLD)  # a group: no progress bar
+
+
+def compile_counters() -> dict[str, int]:
+    """This process's torch.compile figures: graphs Dynamo compiled, and Inductor's FX graph
+    cache and AOTAutograd's cache hits and misses (a hit: a graph another process of the same
+    cache directories built, e.g. an earlier part of benchmarks/gpu_check)."""
+    from torch._dynamo.utils import counters
+
+    wanted = {
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+        "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
+        "autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"],
+    }
+    return {k: int(v) for k, v in wanted.items()}
+
+
 def measure(
     preset: str,
     micro_batch: int,
@@ -235,6 +268,10 @@ def measure(
         optimizer.zero_grad(set_to_none=True)
 
     t0 = time.time()
+    first_validation(model, micro_batch, T, config.vocab_size, device)
+    sync()
+    validation_s = time.time() - t0
+    t0 = time.time()
     for _ in range(warmup):  # compilation happens here
         step()
     sync()
@@ -256,7 +293,9 @@ def measure(
         "seq_len": T,
         "warmup_steps": warmup,
         "timed_steps": steps,
+        "validation_s": validation_s,  # the trainer's step-0 validation, compiled first
         "warmup_s": warmup_s,
+        "compile_counters": compile_counters(),
         "ms_per_step": dt * 1000,
         "tokens_per_s": tokens_per_s,
         "flops_per_token": flops_per_token,

@@ -7,10 +7,14 @@ run and its loss curve) runs here at tiny sizes through the same code, and its J
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import importlib
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,6 +36,12 @@ PARTS = [
     "speed.tiny_mb4",
 ]
 CUDA_GRAPHS = "speed.tiny_mb2_model_reduce-overhead"  # skipped on the CPU, with the trainer's line
+
+
+def benchmark(name: str):
+    """A module of benchmarks/ (they import each other by their bare names)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    return importlib.import_module(name)
 
 
 @pytest.mark.slow
@@ -149,9 +159,7 @@ def test_the_device_plans_budgets_end_inside_the_deadline():
     then the 124m run's micro-batch compiled as the trainer compiles, in FP8 and with the loss in
     chunks, then the real run. The on-request compile trials (the blocks only, the whole model,
     the whole model in CUDA graphs) fit a second call."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_check
-
+    gpu_check = benchmark("gpu_check")
     plan = gpu_check.plan_for(smoke=False)
     parts = ["env", "data", "correctness.first_step", "correctness.resume", "correctness.convert"]
     parts += [s.name for s in plan.speed] + ["real_run"]
@@ -228,3 +236,76 @@ def test_the_attention_timings_time_each_backend_on_its_own_kernel():
         "math": "aten::_scaled_dot_product_attention_math",
     }
     assert attention._chosen is None  # auto again
+
+
+@pytest.mark.parametrize("smoke", [False, True], ids=["device", "smoke"])
+def test_the_real_run_trains_at_the_first_speed_parts_shapes(smoke):
+    """real_run's model, micro-batch, sequence, dtype and compile settings are the first speed
+    part's, so that its step-0 validation and training graphs are the ones that part compiled
+    (read back from the call's shared compile caches), not a second cold compile."""
+    gpu_check, gpu_train = benchmark("gpu_check"), benchmark("gpu_train")
+    plan = gpu_check.plan_for(smoke=smoke)
+    first, train = plan.speed[0], plan.real_train
+    args = dict(zip(plan.speed_args[::2], plan.speed_args[1::2], strict=False))
+    assert plan.real_model == gpu_train.PRESETS[first.preset]
+    assert (train.micro_batch, train.seq_len, train.dtype) == (
+        first.mb, int(args["--seq-len"]), args["--dtype"]
+    )  # fmt: skip
+    assert (train.loss_chunk_tokens, train.fp8) == (first.chunk, first.fp8)
+    assert (train.compile_scope, train.compile_mode) == (first.scope, first.mode)
+    assert train.compile == ("--no-compile" not in plan.speed_args)
+    assert dataclasses.asdict(train.fsdp) == dataclasses.asdict(type(train.fsdp)())
+    assert train.activation_checkpointing == "none"
+
+
+def make_check(tmp_path, **args):
+    """A device-plan Check (nothing started: parts are called by hand)."""
+    gpu_check = benchmark("gpu_check")
+    defaults = dict(
+        smoke=False, out=tmp_path / "out", work=tmp_path / "work", keep_work=False,
+        deadline=gpu_check.DEFAULT_DEADLINE, parts=None,
+    )  # fmt: skip
+    return gpu_check.Check(argparse.Namespace(**(defaults | args)))
+
+
+def test_a_part_that_cannot_run_gives_its_time_to_the_next(tmp_path):
+    """The call's schedule: a part may use its budget and whatever the parts before it left
+    (env finishing early, the FP8 part skipped where torchao is absent), never past the
+    deadline; a part left out (on request) gives nothing."""
+    check = make_check(tmp_path)
+    allowed = {}
+
+    def record(name):
+        allowed[name] = check.part_end - time.monotonic()
+        return {}
+
+    check.part("env", lambda: record("env"))
+    check.part("speed.d12_mb64_fp8", lambda: {}, skip_reason="torchao not installed")
+    check.part("speed.d12_mb64_blocks", lambda: {})  # on request: not in this call
+    check.part("speed.d12_mb64_chunked", lambda: record("chunked"))
+    budgets = check.plan.budgets
+    assert allowed["env"] == pytest.approx(budgets["env"][1], abs=1)
+    expected = budgets["env"][1] + budgets["speed.d12_mb64_fp8"][1]
+    expected += budgets["speed.d12_mb64_chunked"][1]
+    assert allowed["chunked"] == pytest.approx(expected, abs=1)
+    parts = check.report["parts"]
+    assert parts["speed.d12_mb64_chunked"]["allowed_s"] == pytest.approx(expected, abs=1)
+    assert parts["speed.d12_mb64_blocks"]["status"] == "skipped"
+
+    short = make_check(tmp_path / "short", deadline=25.0)  # the deadline caps env's 30 s
+    short.part("env", lambda: {"allowed": short.part_end - time.monotonic()})
+    assert short.report["parts"]["env"]["result"]["allowed"] == pytest.approx(25, abs=1)
+
+
+def test_every_process_of_a_call_shares_one_compile_cache(tmp_path, monkeypatch):
+    """Inductor's and Triton's caches: one pair of directories under the call's scratch folder,
+    in every subprocess's environment (torchrun's workers inherit it); a caller's own wins."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    check = make_check(tmp_path)
+    a, b = check.env(), check.env(OMP_NUM_THREADS="2")
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert a[key] == b[key] and a[key].startswith(str(tmp_path / "work"))
+    assert a["TORCHINDUCTOR_CACHE_DIR"] != a["TRITON_CACHE_DIR"]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "warm"))
+    assert make_check(tmp_path / "again").env()["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "warm")

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import yaml
 
 from conftest import REPO
-from lmpipe.config import TrainJob, train_config, train_params
+from lmpipe.config import Placement, TrainJob, train_config, train_params
 from lmpipe.data.shards import write_shard
 from lmpipe.report.restarts import read_attempts
 from lmpipe.schema import load_config
@@ -358,6 +358,23 @@ def test_torchrun_gives_the_workers_time_to_save_after_a_sigterm(run, params, gr
     assert f"--shutdown-timeout={grace}" in cmd
     # an option of torchrun (before the worker module), not of the worker
     assert cmd.index(f"--shutdown-timeout={grace}") < cmd.index("-m", 3)
+
+
+def test_a_torchrun_without_shutdown_timeout_gets_none(monkeypatch):
+    """torch 2.11's torchrun has no --shutdown-timeout and stops with a usage error on it: the
+    launcher passes it only where this torch's torchrun parser has it."""
+    import argparse
+
+    import torch.distributed.run
+
+    launch.torchrun_has_shutdown_timeout.cache_clear()
+    monkeypatch.setattr(torch.distributed.run, "get_args_parser", argparse.ArgumentParser)
+    try:
+        cmd = launch.torchrun_command(Placement("cpu", 1, 1, None), ["--out", "x"], grace_s=45)
+    finally:
+        launch.torchrun_has_shutdown_timeout.cache_clear()
+    assert not any(a.startswith("--shutdown-timeout") for a in cmd)
+    assert "--standalone" in cmd and cmd[-3:] == ["lmpipe.train.pretrain", "--out", "x"]
 
 
 def test_each_rank_compiles_with_its_share_of_the_cores(monkeypatch):

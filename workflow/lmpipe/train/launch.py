@@ -40,12 +40,14 @@ limit or on `scancel`) makes its agent stop the workers and kill them `--shutdow
 later, 30 by default. A worker saving its checkpoint needs longer for a large model on a slow disk
 (`benchmarks/checkpoint_stall.py`: 124M's model + AdamW, 1.65 GB, took 9.6 s on this project's
 CPU machine), so torchrun gets the time a node's share of that state takes to write at
-`io.disk_bytes_per_s`, three times over, on top of the 30 s (`shutdown_timeout`).
+`io.disk_bytes_per_s`, three times over, on top of the 30 s (`shutdown_timeout`); where torchrun
+has no such option (torch 2.11), its fixed 30 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -110,6 +112,15 @@ def node_address(node: str) -> str:
     return match.group(1) if match else node
 
 
+@functools.cache
+def torchrun_has_shutdown_timeout() -> bool:
+    """Whether this torch's torchrun takes --shutdown-timeout (torch 2.11's does not, and stops
+    with a usage error on it)."""
+    from torch.distributed.run import get_args_parser
+
+    return "--shutdown-timeout" in get_args_parser()._option_string_actions
+
+
 def torchrun_command(
     launch: Placement,
     worker_args: list[str],
@@ -125,8 +136,9 @@ def torchrun_command(
         "-m",
         "lmpipe.train.agent",  # torchrun, quiet after a stop
         f"--nproc-per-node={launch.procs_per_node}",
-        f"--shutdown-timeout={grace_s}",
     ]
+    if torchrun_has_shutdown_timeout():  # torch 2.11's has none: it waits its fixed 30 s
+        cmd += [f"--shutdown-timeout={grace_s}"]
     if launch.nodes == 1:
         cmd += ["--standalone"]
     else:
