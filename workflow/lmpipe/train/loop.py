@@ -2,10 +2,11 @@
 
 A worker (`torchrun -m lmpipe.train.pretrain`, or `lmpipe.chat.finetune`) builds its Task (the
 loaders, the steps and schedule, the starting weights, which targets count) and calls `run`.
-The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens`, the optimizer of
-`train.optimizer` with the schedule's lr, gradient clipping, validation every `val_every` steps,
-the evaluations during training it is handed, each when it says it is due (the loop names none:
-lmpipe.train.evaluators), a DCP checkpoint every `checkpoint_every` steps. A NaN/inf loss stops
+The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens` (the gradients reduced
+over the ranks once a step), the optimizer of `train.optimizer` with the schedule's lr, gradient
+clipping, validation every `val_every` steps, the evaluations during training it is handed, each
+when it says it is due (the loop names none: lmpipe.train.evaluators), a DCP checkpoint every
+`checkpoint_every` steps. A NaN/inf loss stops
 the run with an error; SIGUSR1, SIGTERM or SIGINT (Ctrl-C) save a checkpoint at the end of the
 step and exit with EXIT_STOPPED, for a retry to resume.
 
