@@ -299,8 +299,14 @@ class FSDPConfig:
     )
     reduce_dtype: str = setting(
         "float32",
-        "dtype of the gradient reduce-scatter (GPU bf16 runs)",
+        "dtype of the gradient reduce-scatter (bf16 runs)",
         enum=["float32", "bfloat16"],
+    )
+    reduce_each_micro_step: bool = setting(
+        False,
+        "reduce-scatter the gradients after every micro-step's backward (each rank holds only its"
+        " shard of them); false: once a step, after the last micro-step, each rank accumulating"
+        " the unsharded gradients (in reduce_dtype) until then",
     )
 
 

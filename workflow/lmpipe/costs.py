@@ -130,7 +130,9 @@ def block_values_a_token(m: lmconfig.ModelConfig) -> float:
 def gpu_memory_gb(run: lmconfig.RunConfig, recompute: str | None = None) -> float:
     """A GPU's peak memory in training, roughly: fp32 params, grads and AdamW's two moments
     sharded over the ranks (16N/W bytes); the bf16 params gathered for forward and backward (2N,
-    kept between them unless fsdp.reshard_after_forward); the activations of bf16 blocks with
+    kept between them unless fsdp.reshard_after_forward); with gradient accumulation reduced once
+    a step (not fsdp.reduce_each_micro_step), the unsharded fp32 gradients accumulated until
+    then (4N); the activations of bf16 blocks with
     flash attention (34 C bytes a token a layer, Korthikanti et al. 2022); the head's bf16 logits
     and their fp32 softmax (6 bytes a vocabulary entry a token).
 
@@ -143,6 +145,8 @@ def gpu_memory_gb(run: lmconfig.RunConfig, recompute: str | None = None) -> floa
     tokens = t.micro_batch * t.seq_len
     act_bytes = 2 if t.dtype == "bfloat16" else 4
     params = 16 * n / run.launch.world_size + act_bytes * n
+    if t.grad_accum_steps(run.launch.world_size) > 1 and not t.fsdp.reduce_each_micro_step:
+        params += 4 * n
     block = block_values_a_token(m) * tokens * act_bytes
     kept = {"none": block, "selective": 22 / 34 * block, "full": 2 * m.n_embd * tokens}
     activations = kept[recompute] * m.n_layer + (block if recompute != "none" else 0)

@@ -2,10 +2,11 @@
 
 A worker (`torchrun -m lmpipe.train.pretrain`, or `lmpipe.chat.finetune`) builds its Task (the
 loaders, the steps and schedule, the starting weights, which targets count) and calls `run`.
-The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens`, the optimizer of
-`train.optimizer` with the schedule's lr, gradient clipping, validation every `val_every` steps,
-the evaluations during training it is handed, each when it says it is due (the loop names none:
-lmpipe.train.evaluators), a DCP checkpoint every `checkpoint_every` steps. A NaN/inf loss stops
+The loop is llm.c's / nanoGPT's: gradient accumulation to `batch_tokens` (the gradients reduced
+over the ranks once a step), the optimizer of `train.optimizer` with the schedule's lr, gradient
+clipping, validation every `val_every` steps, the evaluations during training it is handed, each
+when it says it is due (the loop names none: lmpipe.train.evaluators), a DCP checkpoint every
+`checkpoint_every` steps. A NaN/inf loss stops
 the run with an error; SIGUSR1, SIGTERM or SIGINT (Ctrl-C) save a checkpoint at the end of the
 step and exit with EXIT_STOPPED, for a retry to resume.
 
@@ -69,6 +70,7 @@ from lmpipe.train.parallel import (
     local_numel,
     loss_compiled_alone,
     parallelize,
+    sync_gradients,
 )
 from lmpipe.train.wandb_log import run_config as wandb_config
 
@@ -231,6 +233,36 @@ def training_model(
         tc.compile_scope, tc.compile_mode,
     )  # fmt: skip
     return model, identity
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    accum: int,
+    device: torch.device,
+    reduce_each_micro_step: bool = False,
+    sparse_targets: bool = False,
+    cuda_graphs: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's gradients, of the mean loss over `accum` micro-batches (`next_batch`'s), one
+    backward each; the step's loss (this rank's, detached) and, for `sparse_targets`, the targets
+    the head ran on. The gradients are reduced over the ranks once, in the last micro-step's
+    backward (sync_gradients), or in each where `reduce_each_micro_step` (fsdp's setting)."""
+    loss_accum = torch.zeros((), device=device)
+    counted = torch.zeros((), device=device)  # sparse targets: tokens the head ran on
+    for micro in range(accum):
+        sync_gradients(model, reduce_each_micro_step or micro == accum - 1)
+        x, y = next_batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if cuda_graphs:  # a new replay of the graphs: the last one's outputs are done
+            torch.compiler.cudagraph_mark_step_begin()
+        _, loss = model(x, y)
+        loss = loss / accum  # the gradient of the mean over the whole step
+        loss_accum += loss.detach()
+        if sparse_targets:
+            counted += (y != -1).sum()  # -1: the model's "does not count" target
+        loss.backward()  # synced: FSDP reduce-scatters each unit's gradients (the ranks' mean)
+    return loss_accum, counted
 
 
 def attention_kernel(model: torch.nn.Module, seq_len: int, device: torch.device) -> str:
@@ -456,19 +488,10 @@ class Trainer:
         for group, peak_lr in zip(self.optimizer.param_groups, self.peak_lrs, strict=True):
             group["lr"] = lr_at(p.step, peak_lr, tc.schedule, tc.max_steps)
         self.set_progress()
-        loss_accum = torch.zeros((), device=d.device)
-        counted = torch.zeros((), device=d.device)  # sparse targets: tokens the head ran on
-        for _ in range(self.accum):
-            x, y = self.loader.next_batch()
-            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
-            if self.cuda_graphs:  # a new replay of the graphs: the last one's outputs are done
-                torch.compiler.cudagraph_mark_step_begin()
-            _, loss = self.model(x, y)
-            loss = loss / self.accum  # the gradient of the mean over the whole step
-            loss_accum += loss.detach()
-            if self.task.sparse_targets:
-                counted += (y != -1).sum()  # -1: the model's "does not count" target
-            loss.backward()  # FSDP reduce-scatters each block's gradients (mean over ranks)
+        loss_accum, counted = accumulate_gradients(
+            self.model, self.loader.next_batch, self.accum, d.device,
+            tc.fsdp.reduce_each_micro_step, self.task.sparse_targets, self.cuda_graphs,
+        )  # fmt: skip
         grad_norm = clip_grad_norm(self.model, tc.grad_clip)
         self.optimizer.step()
         if tc.fp8:

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -96,10 +96,12 @@ def dp_mesh(device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("dp",))
 
 
-def mixed_precision(device_type: str, dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
-    """bf16 parameters and activations with `reduce_dtype` gradient reduction on GPUs; fp32 on
-    the CPU."""
-    if device_type == "cuda" and dtype == "bfloat16":
+def mixed_precision(dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
+    """FSDP2's policy for train.dtype: `bfloat16` gathers bf16 parameters (so the forward and
+    backward compute in bf16) and reduce-scatters the gradients in `reduce_dtype`, into the fp32
+    sharded parameters the optimizer steps; `float32` casts nothing. The same on every device:
+    the CPU runs bf16 too (slower there, but the GPU's numerics are tested before a GPU)."""
+    if dtype == "bfloat16":
         return MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=getattr(torch, reduce_dtype)
         )
@@ -193,7 +195,7 @@ def parallelize(
     """
     fsdp = fsdp or FSDPConfig()
     mesh = mesh if mesh is not None else dp_mesh(device.type)
-    mp = mixed_precision(device.type, dtype, fsdp.reduce_dtype)
+    mp = mixed_precision(dtype, fsdp.reduce_dtype)
     whole = compile and compile_scope == "model"  # one FSDP unit: the root (below)
     blocks = [] if whole else model.blocks()
     recompute_blocks(model.blocks(), activation_checkpointing)
@@ -242,6 +244,16 @@ def compile_after_sharding(
             setattr(model, name, torch.compile(getattr(model, name), mode=mode))
             compiled.append(name)
     return tuple(compiled)
+
+
+def sync_gradients(model: torch.nn.Module, sync: bool) -> None:
+    """Whether the next backward reduce-scatters the gradients (FSDP2's
+    `set_requires_gradient_sync`, FSDP1's `no_sync`): off for all but a step's last micro-step,
+    its gradients accumulate unsharded on each rank (in the policy's reduce dtype), and the
+    step's one reduction carries their sum. A model that is not an FSDP module has nothing to
+    reduce."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(sync)
 
 
 def local_numel(model: torch.nn.Module) -> int:
