@@ -437,6 +437,30 @@ def test_muons_momentum_warmup_is_in_a_runs_params_and_hash_only_when_on():
     assert digest(before) == digest(off) != digest(on)
 
 
+def test_one_reduction_a_step_leaves_a_runs_params_and_hash_as_they_were():
+    """fsdp.reduce_each_micro_step at its default (false: once a step) is left out of a run's
+    params and trajectory hash, so a run trained before the key existed neither reruns nor
+    restarts; true (each micro-step) is in both."""
+    from lmpipe.config import TrainJob
+    from lmpipe.data.loader import ValSet
+    from lmpipe.train.loop import Task, trajectory_hash
+
+    config = schema.load_config(CONFIG)
+    off = json.loads(lmconfig.train_params(config, "embedded-a"))
+    assert "reduce_each_micro_step" not in off["train"]["fsdp"]
+    config["runs"]["embedded-a"]["train"].setdefault("fsdp", {})["reduce_each_micro_step"] = True
+    on = json.loads(lmconfig.train_params(config, "embedded-a"))
+    assert on["train"]["fsdp"]["reduce_each_micro_step"] is True
+
+    def digest(params: dict) -> str:
+        job = TrainJob.from_json(json.dumps(params))
+        return trajectory_hash(job, Task(job.train, None, ValSet([], [], 0), "data"), 2)
+
+    before = copy.deepcopy(off)
+    before["train"]["fsdp"]["reduce_each_micro_step"] = False  # as the schema fills it in
+    assert digest(before) == digest(off) != digest(on)
+
+
 def test_the_speedrun_presets_optimizer_is_its_records():
     """modded-nanogpt's record of 2025-01-04 (records/010425_SoftCap/*.txt, its train_gpt.py):
     `Muon(hidden_matrix_params, lr=0.05, momentum=0.95)` with Nesterov, its momentum

@@ -989,6 +989,10 @@ ADDED_TRAIN_KEYS = {
     "compile_scope": "regions",
     "compile_mode": "default",
 }
+# train.fsdp's: once-a-step reduction sums the same micro-steps' gradients as a reduction each
+# micro-step did, in another order (equal up to rounding), so a run trained before the key
+# existed is not trained again for it
+ADDED_FSDP_KEYS = {"reduce_each_micro_step": False}
 # the same for a fine-tuning run's sft settings
 ADDED_SFT_KEYS = {"replay": 0.0}
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)
@@ -1023,11 +1027,13 @@ def model_settings(model: Any) -> dict[str, Any]:
 
 def without_added_keys(train: dict[str, Any]) -> dict[str, Any]:
     """A train section's dict less the keys added since runs were trained while they hold the
-    value that behaves as before (ADDED_TRAIN_KEYS, ADDED_OPTIMIZER_KEYS): what a run's params
-    and its trajectory's hash leave out alike."""
+    value that behaves as before (ADDED_TRAIN_KEYS, ADDED_OPTIMIZER_KEYS, ADDED_FSDP_KEYS): what
+    a run's params and its trajectory's hash leave out alike."""
     out = _as_before(train, ADDED_TRAIN_KEYS)
     if isinstance(out.get("optimizer"), dict):
         out["optimizer"] = _as_before(out["optimizer"], ADDED_OPTIMIZER_KEYS)
+    if isinstance(out.get("fsdp"), dict):
+        out["fsdp"] = _as_before(out["fsdp"], ADDED_FSDP_KEYS)
     return out
 
 
