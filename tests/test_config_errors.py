@@ -219,13 +219,6 @@ CASES = {
         lambda c: c["runs"]["embedded-a"]["train"].update(compile_scope="model"),
         "runs.embedded-a.train.compile_scope is 'model' but train.compile is false",
     ),
-    "whole_model_with_a_growing_window": (
-        lambda c: (
-            c["models"]["d12-modern"].update(attention_window=128, attention_window_final=1024)
-            or c["runs"]["speedrun-124m"]["train"].update(compile_scope="model")
-        ),
-        "runs.speedrun-124m.train.compile_scope 'model': the model's attention window grows",
-    ),
     "cuda_graphs_on_the_cpu": (
         lambda c: c["runs"]["embedded-a"]["train"].update(
             compile=True, compile_mode="reduce-overhead"

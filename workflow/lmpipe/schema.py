@@ -420,10 +420,9 @@ def check_trained_tokenizers(config: dict[str, Any]) -> None:
 
 
 def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
-    """train.compile_scope and compile_mode: meaningful only under compile; the whole model
-    compiled never with a growing attention window; CUDA graphs on CUDA only, and never for
-    fine-tuning, whose head runs on a count of positions that changes each step (a CUDA graph
-    holds one shape)."""
+    """train.compile_scope and compile_mode: meaningful only under compile; CUDA graphs on CUDA
+    only, and never for fine-tuning, whose head runs on a count of positions that changes each
+    step (a CUDA graph holds one shape)."""
     t = rc.train
     for key in ("compile_scope", "compile_mode"):
         if not t.compile and getattr(t, key) != ADDED_TRAIN_KEYS[key]:
@@ -431,12 +430,6 @@ def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
                 f"{where}.train.{key} is {getattr(t, key)!r} but train.compile is false: set"
                 " compile: true, or leave the key out"
             )
-    if t.compile and t.compile_scope == "model" and rc.model.attention_window_final is not None:
-        raise ConfigError(
-            f"{where}.train.compile_scope 'model': the model's attention window grows during"
-            " training (attention_window_final), and the whole graph would recompile at each"
-            " new window; regions builds the window's mask outside the compiled graphs"
-        )
     problem = compile_problem(t.compile_mode, rc.launch.device)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
