@@ -919,3 +919,78 @@ def test_a_block_without_attention_is_the_records():
     )
     with pytest.raises(ValueError, match=r"no_attention \[2\]: a block index is not one of 0\.\.1"):
         ModernGPT(modern_config(**shape, no_attention=[2]))
+
+
+# ---- the record's init and loss (records/010425_SoftCap/*.txt) -----------------------------------
+
+
+def test_uniform_linear_init_is_the_records_casted_linear():
+    """linear_init uniform: c_q, c_k, c_v and c_fc drawn as the record's CastedLinear, an
+    nn.Linear(in, out, bias=False) left at PyTorch's init: each matrix's values within its
+    bound 1/sqrt(in), spread as a fresh nn.Linear's of that shape (std and largest value
+    within 3%, the quartiles within 0.06 bound); the projections and head still zero; the
+    default: N(0, 0.02)."""
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64}
+    torch.manual_seed(0)
+    model = build_model(modern_config(**shape, qkv="separate", linear_init="uniform"))
+    torch.manual_seed(1)
+    record = {(64, 64): torch.nn.Linear(64, 64, bias=False).weight.detach()}
+    record[(256, 64)] = torch.nn.Linear(64, 256, bias=False).weight.detach()
+    quartiles = torch.tensor([0.25, 0.5, 0.75])
+    for i in range(2):
+        block = model.transformer.h[i]
+        for w in (block.attn.c_q.weight, block.attn.c_k.weight, block.attn.c_v.weight,
+                  block.mlp.c_fc.weight):  # fmt: skip
+            ref, bound = record[tuple(w.shape)], 1 / math.sqrt(w.shape[1])
+            assert w.abs().max() <= bound and ref.abs().max() <= bound
+            assert w.abs().max().item() == pytest.approx(ref.abs().max().item(), rel=0.03)
+            assert w.std().item() == pytest.approx(ref.std().item(), rel=0.03)
+            diff = torch.quantile(w.flatten(), quartiles) - torch.quantile(ref.flatten(), quartiles)
+            assert diff.abs().max() < 0.06 * bound  # 3 sampling sds of 4,096 values
+        assert not block.attn.c_proj.weight.any() and not block.mlp.c_proj.weight.any()
+    assert not model.lm_head.weight.any()
+    normal = tiny(qkv="separate").transformer.h[0].mlp.c_fc.weight
+    assert normal.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def record_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The record's GPT.forward from its final norm on: `logits = self.lm_head(x)` over every
+    row of the 50,304-row head, `15 * torch.tanh(logits / 15)`, `.float()`, and
+    `F.cross_entropy(logits.view(-1, logits.size(-1)), targets)`."""
+    logits = F.linear(hidden, head)
+    logits = 15 * torch.tanh(logits / 15)
+    logits = logits.float()
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["plain", "chunked"])
+def test_loss_over_padding_is_the_records(chunked):
+    """loss_over_padding: the loss is the record's softmax over all 50,304 columns (its value
+    and its gradients, the padding rows of the head included), plain or chunked, the padded
+    head multiplied whole or cut; off, the padding rows get no gradient and the loss differs."""
+    from lmpipe.models.head_loss import loss_function
+
+    gen = torch.Generator().manual_seed(12)
+    idx = torch.randint(0, 50257, (2, 32), generator=gen)
+    targets = torch.randint(0, 50257, (2, 32), generator=gen)
+    torch.manual_seed(0)
+    base = randomise(tiny(loss_over_padding=True), std=0.1)
+    hidden = base.hidden_states(idx).detach().requires_grad_()
+    head = base.lm_head.weight.detach().clone().requires_grad_()
+    want = record_loss(hidden, head, targets)
+    want.backward()
+    for padded_matmul in (False, True):
+        model = copy.deepcopy(base)
+        model.padded_head_matmul = padded_matmul
+        model.loss_fn = loss_function(16 if chunked else 0, compile=False)
+        loss = model(idx, targets)[1]
+        loss.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+        grad = model.lm_head.weight.grad
+        torch.testing.assert_close(grad, head.grad, rtol=1e-4, atol=1e-7)
+        assert grad[50257:].abs().sum() > 0  # the padding rows train, as the record's
+    off = copy.deepcopy(base)
+    off.config = dataclasses.replace(base.config, loss_over_padding=False)
+    loss = off(idx, targets)[1]
+    loss.backward()
+    assert not torch.allclose(loss, want) and not off.lm_head.weight.grad[50257:].any()

@@ -968,7 +968,7 @@ ADDED_MODEL_KEYS: dict[str, Any] = {
     "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02, "qkv": "fused",
     "unet_skips": False, "value_embeddings": 0, "embedding_mix": False,
     "document_mask": False, "attention_window": None, "attention_window_final": None,
-    "tokenizer": None,
+    "tokenizer": None, "linear_init": "normal", "loss_over_padding": False,
 }  # fmt: skip
 
 

@@ -35,7 +35,10 @@ Against GPT-2 (lmpipe/models/gpt2/model.py), each a switch of `ModernSettings`
   SDPA's boolean mask (`document_window_mask`, the definition).
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
-is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
+is never predicted, but with `loss_over_padding` the loss is a softmax over it too, as the
+record's (its padding rows of the head train toward -cap). Optionally nn.Linear's own uniform
+init for the blocks' input matrices (`linear_init`, the record's CastedLinear). Parameter
+names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
 """
 
 from __future__ import annotations
@@ -358,7 +361,8 @@ class ModernGPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """N(0, 0.02), and zeros for the output projections and the untied head (zero_init; else
+        """N(0, 0.02) (linear_init uniform: nn.Linear's U(+-1/sqrt(fan_in)) for the Linear
+        weights), and zeros for the output projections and the untied head (zero_init; else
         llm.c's 0.02 / sqrt(2 n_layer) for the projections); callable again after `to_empty()`."""
         c = self.config
         self._set_window(force=True)
@@ -383,6 +387,8 @@ class ModernGPT(nn.Module):
                         nn.init.zeros_(module.weight)
                     else:
                         nn.init.normal_(module.weight, std=0.02 / math.sqrt(2 * c.n_layer))
+                elif c.linear_init == "uniform":  # nn.Linear's own (the record's CastedLinear)
+                    nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
                 else:
                     nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if module.bias is not None:
@@ -490,14 +496,17 @@ class ModernGPT(nn.Module):
     def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The tail: final norm -> LM head -> soft-capped loss, the trunk's (B, T, C) to the mean
         loss over the counted targets (a compiled region of its own under train.compile)."""
+        c = self.config
         x = self.transformer.ln_f(x)
         weight = self.lm_head.weight
+        # loss_over_padding: the record's softmax over every padded column
+        vocab = c.padded_vocab_size if c.loss_over_padding else c.vocab_size
         if not self.padded_head_matmul:
-            weight = weight[: self.config.vocab_size]
+            weight = weight[:vocab]
         if self.head_on_counted_only:
             counted = targets != -1
             x, targets = x[counted], targets[counted]  # (N, C), (N,): a host sync (the shape)
-        return self.loss_fn(x, weight, targets, self.config.vocab_size, self.config.logit_softcap)
+        return self.loss_fn(x, weight, targets, vocab, c.logit_softcap)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Soft-capped fp32 logits over the real vocabulary for hidden states h (..., C)."""
