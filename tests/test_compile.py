@@ -147,8 +147,8 @@ def test_the_counted_only_head_under_compiled_regions_trains_as_eager(chunk):
 # a modern model's growing window (speedrun-124m's schedule, scaled): 1, 2, 3 blocks of 128,
 # within documents (GPT-2's vocabulary: its end-of-text token starts one)
 WINDOWED = SHAPE | {
-    "arch": "modern", "vocab_size": 50257, "padded_vocab_size": 50304, "block_size": 512, "document_mask": True, "attention_window": 128,
-    "attention_window_final": 384,
+    "arch": "modern", "vocab_size": 50257, "padded_vocab_size": 50304, "block_size": 512,
+    "document_mask": True, "attention_window": 128, "attention_window_final": 384,
 }  # fmt: skip
 
 

@@ -42,6 +42,7 @@ from lmpipe.config import (
     is_conversations,
     is_fine_tuning,
     is_mixture,
+    loss_kernel_problem,
     model_config,
     optimizer_settings,
     run_config,
@@ -433,6 +434,14 @@ def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
     problem = compile_problem(t.compile_mode, rc.launch.device)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
+    problem = loss_kernel_problem(t.loss_kernel, rc.launch.device)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
+    if t.loss_kernel != "pytorch" and t.loss_chunk_tokens:
+        raise ConfigError(
+            f"{where}.train.loss_chunk_tokens {t.loss_chunk_tokens}: loss_kernel"
+            f" {t.loss_kernel!r} never holds the logits; leave loss_chunk_tokens 0"
+        )
     if fine_tuning and t.compile_mode in CUDA_GRAPH_MODES:
         raise ConfigError(
             f"{where}.train.compile_mode {t.compile_mode!r}: CUDA graphs need static shapes, and"
