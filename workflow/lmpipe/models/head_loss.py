@@ -29,8 +29,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from lmpipe.config import loss_kernel_problem
-
 LossFn = Callable[..., torch.Tensor]  # (x, weight, targets, vocab_size, softcap) -> mean loss
 # train.loss_kernel's fused kernels: (module imported, the package that installs it)
 LOSS_KERNELS = {
@@ -130,9 +128,13 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 def kernel_problem(kernel: str, device_type: str) -> str | None:
     """Why train.loss_kernel `kernel` cannot run on `device_type` here (None: it can), in one
     line: a fused kernel is Triton's, CUDA only, and its package must be installed."""
-    problem = loss_kernel_problem(kernel, device_type)
-    if kernel == "pytorch" or problem is not None:
-        return problem
+    if kernel == "pytorch":
+        return None
+    if device_type != "cuda":  # as lmpipe.config.loss_kernel_problem says it to a config
+        return (
+            f"train.loss_kernel {kernel!r} is a Triton kernel: launch.device cuda only (here"
+            f" {device_type}); pytorch runs anywhere"
+        )
     module, package = LOSS_KERNELS[kernel]
     if importlib.util.find_spec(module) is None:
         return f"train.loss_kernel {kernel!r}: {module} is not installed (pip install {package})"
