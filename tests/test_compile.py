@@ -142,3 +142,65 @@ def test_the_counted_only_head_under_compiled_regions_trains_as_eager(chunk):
         compiled = train("gpt2", compile=True, chunk=chunk, steps=5, sparse=True)
     assert_trains_alike(compiled, eager)
     assert compiled["traced"]["transformer.ln_f"] == (5, 0)
+
+
+# a modern model's growing window (speedrun-124m's schedule, scaled): 1, 2, 3 blocks of 128,
+# within documents (GPT-2's vocabulary: its end-of-text token starts one)
+WINDOWED = SHAPE | {
+    "arch": "modern", "vocab_size": 50257, "padded_vocab_size": 50304, "block_size": 512,
+    "document_mask": True, "attention_window": 128, "attention_window_final": 384,
+}  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # flex_attention unfused on the CPU
+@pytest.mark.parametrize(
+    "attention, scope, grad",
+    [("sdpa", "model", True), ("flex", "regions", False)],
+    ids=["sdpa-mask-whole-model", "flex-regions-validation"],
+)
+def test_the_growing_window_compiles_nothing_new(monkeypatch, attention, scope, grad):
+    """Over a window's growth (the progress the loop sets: 1, 2, then 3 blocks) the compiled
+    graphs are those of the first forward: the window is a tensor the graphs read, never a
+    constant they guard on. Counted on the CPU's Inductor (Dynamo's unique graphs), two ways
+    the window reaches a graph: the SDPA mask built inside the whole model's graph (a training
+    step: forward and backward); FlexAttention's BlockMask (CUDA's path, here
+    attention.FLEX_OFF_CUDA) handed to each compiled block (forward only: the CPU's Inductor
+    compiles FlexAttention's forward, not its backward; validation's forwards)."""
+    from lmpipe.models import attention as attention_module
+    from lmpipe.models.modern import model as model_module
+
+    monkeypatch.setattr(attention_module, "FLEX_OFF_CUDA", attention == "flex")
+    torch._dynamo.reset()
+    tc = train_config(
+        {"seq_len": 512, "micro_batch": 1, "batch_tokens": 512, "max_steps": 4,
+         "optimizer": {"name": "adamw", "lr": 1e-3}, "compile": True, "compile_scope": scope},
+        "train",
+    )  # fmt: skip
+    model, _ = training_model(model_config(WINDOWED, "model"), tc, CPU)
+    masks = []  # the BlockMasks built (eagerly, between the compiled blocks)
+    real_mask = model_module.document_window_block_mask
+
+    def recording(idx, document, window_blocks):
+        masks.append(window_blocks)
+        return real_mask(idx, document, window_blocks)
+
+    monkeypatch.setattr(model_module, "document_window_block_mask", recording)
+    graphs = torch._dynamo.utils.counters["stats"]
+    idx = torch.randint(0, 50257, (1, 513), generator=torch.Generator())
+    idx[0, [0, 100, 300]] = model_module.EOT
+    first, seen = None, []
+    for progress in (0.0, 0.0, 0.5, 0.5, 1.0, 1.0):
+        model.progress = progress
+        with torch.set_grad_enabled(grad):
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+            if grad:
+                loss.backward()
+        seen.append(int(model.window_blocks))
+        first = graphs["unique_graphs"] if first is None else first
+    assert seen == [1, 1, 2, 2, 3, 3]  # the window grew
+    assert graphs["unique_graphs"] == first, f"{graphs['unique_graphs'] - first} recompiles"
+    assert first > 0  # something was compiled: the counter counts
+    # FlexAttention's path really ran, on the model's tensor; the whole model's mask is built
+    # inside its graph (SDPA's: not a BlockMask)
+    want = [model.window_blocks] * 6 if attention == "flex" else []
+    assert len(masks) == len(want) and all(w is m for w, m in zip(want, masks, strict=True))

@@ -482,6 +482,8 @@ def test_the_speedrun_presets_optimizer_is_its_records():
     assert (m.rope_frequencies, tuple(m.no_attention)) == ("half_truncated", (7,))
     assert (m.qkv, m.unet_skips, o.scalar_lr) == ("separate", True, 0.04)  # its skip_weights
     assert (m.value_embeddings, m.embedding_mix) == (3, True)  # ValueEmbedding, Block.lambdas
+    # its CastedLinear (nn.Linear's init) and its loss over the whole 50,304-column head
+    assert (m.linear_init, m.loss_over_padding, m.padded_vocab_size) == ("uniform", True, 50304)
 
 
 def test_the_speedrun_presets_rows_and_attention_are_its_records(tmp_path):
@@ -545,6 +547,8 @@ def test_embedded_speedrun_is_speedrun_124m_scaled_down():
     # the record's 65,536-token rows' attention: its window (128 and up) covers a whole 128-token
     # row, and the small recipe trains causal rows (the benchmark was measured so)
     shape |= {"document_mask", "attention_window", "attention_window_final"}
+    # the benchmark's figures were measured with llm.c's init and the loss over the real vocabulary
+    shape |= {"linear_init", "loss_over_padding"}
     m, bigm = small["model"], large["model"]
     assert {k: v for k, v in m.items() if k not in shape} == {
         k: v for k, v in bigm.items() if k not in shape

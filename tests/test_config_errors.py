@@ -219,12 +219,17 @@ CASES = {
         lambda c: c["runs"]["embedded-a"]["train"].update(compile_scope="model"),
         "runs.embedded-a.train.compile_scope is 'model' but train.compile is false",
     ),
-    "whole_model_with_a_growing_window": (
-        lambda c: (
-            c["models"]["d12-modern"].update(attention_window=128, attention_window_final=1024)
-            or c["runs"]["speedrun-124m"]["train"].update(compile_scope="model")
+    "fused_loss_kernel_on_the_cpu": (
+        lambda c: c["runs"]["embedded-a"]["train"].update(loss_kernel="liger"),
+        "runs.embedded-a: train.loss_kernel 'liger' is a Triton kernel: launch.device cuda only"
+        " (here cpu); pytorch runs anywhere",
+    ),
+    "fused_loss_kernel_and_chunks": (
+        lambda c: c["runs"]["speedrun-124m"]["train"].update(
+            loss_kernel="cut_cross_entropy", loss_chunk_tokens=8192
         ),
-        "runs.speedrun-124m.train.compile_scope 'model': the model's attention window grows",
+        "runs.speedrun-124m.train.loss_chunk_tokens 8192: loss_kernel 'cut_cross_entropy' never"
+        " holds the logits; leave loss_chunk_tokens 0",
     ),
     "cuda_graphs_on_the_cpu": (
         lambda c: c["runs"]["embedded-a"]["train"].update(

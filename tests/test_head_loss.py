@@ -171,3 +171,91 @@ def test_chunked_loss_in_a_model_equals_the_plain_one():
     assert loss_c == pytest.approx(loss, rel=1e-6)
     for n in grads:
         torch.testing.assert_close(grads_c[n], grads[n], rtol=1e-4, atol=1e-7, msg=n)
+
+
+# ---- train.loss_kernel: the fused Triton kernels (CUDA only) -----------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["liger", "cut_cross_entropy"])
+def test_a_fused_kernel_is_refused_in_one_line_where_it_cannot_run(kernel):
+    """On the CPU: a Triton kernel, CUDA only; on CUDA without its package (the CPU env installs
+    neither: each pulls Triton): the package to install, pinned."""
+    from lmpipe.models.head_loss import LOSS_KERNELS
+
+    with pytest.raises(ValueError) as refused:
+        loss_function(0, False, kernel, "cpu")
+    assert str(refused.value) == (
+        f"train.loss_kernel '{kernel}' is a Triton kernel: launch.device cuda only (here cpu);"
+        " pytorch runs anywhere"
+    )
+    module, package = LOSS_KERNELS[kernel]
+    with pytest.raises(ValueError) as refused:
+        loss_function(0, False, kernel, "cuda")
+    assert str(refused.value) == (
+        f"train.loss_kernel '{kernel}': {module} is not installed (pip install {package})"
+    )
+
+
+def stand_in(monkeypatch, kernel: str) -> list:
+    """A stand-in for the kernel's package, with the call its documentation gives (Liger:
+    LigerFusedLinearCrossEntropyLoss(ignore_index, softcap, accum_dtype)(lin_weight, _input,
+    target); cut-cross-entropy: linear_cross_entropy(e, c, targets, ignore_index, softcap)),
+    computing with PyTorch's cross-entropy over the weight it is given: what reaches the kernel.
+    Returns the calls' (weight rows, input shape) seen."""
+    import sys
+    import types
+
+    from lmpipe.models import head_loss
+
+    seen = []
+
+    def loss(e, c, targets, ignore_index=-100, softcap=None):
+        seen.append((c.shape[0], tuple(e.shape)))
+        logits = e @ c.t()
+        logits = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+        return F.cross_entropy(logits, targets, ignore_index=ignore_index)
+
+    if kernel == "liger":
+
+        class Liger(torch.nn.Module):  # noqa: N801
+            def __init__(self, ignore_index=-100, softcap=None, accum_dtype=None):
+                super().__init__()
+                self.args = ignore_index, softcap
+
+            def forward(self, lin_weight, _input, target, bias=None):
+                return loss(_input, lin_weight, target, *self.args)
+
+        package = types.ModuleType("liger_kernel")
+        package.transformers = types.ModuleType("liger_kernel.transformers")
+        package.transformers.LigerFusedLinearCrossEntropyLoss = Liger
+        monkeypatch.setitem(sys.modules, "liger_kernel", package)
+        monkeypatch.setitem(sys.modules, "liger_kernel.transformers", package.transformers)
+    else:
+        package = types.ModuleType("cut_cross_entropy")
+        package.linear_cross_entropy = loss
+        monkeypatch.setitem(sys.modules, "cut_cross_entropy", package)
+    monkeypatch.setattr(head_loss, "kernel_problem", lambda kernel, device: None)
+    return seen
+
+
+@pytest.mark.parametrize("kernel", ["liger", "cut_cross_entropy"])
+@pytest.mark.parametrize("softcap", [None, 15.0])
+def test_a_fused_kernel_gets_the_real_vocabulary_flat_positions_and_the_ignored_targets(
+    monkeypatch, kernel, softcap
+):
+    """What the adapter hands a fused kernel (a stand-in for its package, its documented call):
+    the weight cut to vocab_size (the padding rows never scored), the (B, T, C) positions as
+    (B T, C), -1 as the ignored index, the soft cap: the loss and gradients are the reference's.
+    The kernels themselves run on CUDA only (gpu_check times them)."""
+    seen = stand_in(monkeypatch, kernel)
+    x, weight, targets = inputs(3)
+    fused = loss_function(0, False, kernel, "cuda")
+    assert fused.kernel == kernel
+    x, weight = x.requires_grad_(), weight.requires_grad_()
+    loss = fused(x, weight, targets, V, softcap)
+    loss.backward()
+    want, gx, gw = reference(x, weight, targets, softcap)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), gx, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(weight.grad.double(), gw, rtol=1e-4, atol=1e-6)
+    assert seen == [(V, (2 * 37, C))]

@@ -232,7 +232,7 @@ def test_document_mask_and_window_are_the_records_block_mask():
     idx = torch.randint(0, 50000, (2, 512), generator=gen)
     idx[0, [0, 70, 200, 201, 390]] = 50256
     idx[1, [0, 300]] = 50256
-    mask = document_window_mask(idx, True, 256)
+    mask = document_window_mask(idx, True, 2)
     for row in range(2):
         assert torch.equal(mask[row, 0], record_block_mask(idx[row], 2))
     causal = torch.ones(512, 512).tril().bool()
@@ -244,6 +244,73 @@ def test_document_mask_and_window_are_the_records_block_mask():
         whole = model(idx[:1])[0]
         alone = model(idx[:1, 70:200])[0]  # the second document on its own
     torch.testing.assert_close(whole[:, 70:200], alone, rtol=1e-4, atol=1e-4)
+
+
+def record_doc_swc_block_mask(inputs: torch.Tensor, sliding_window_num_blocks: int):
+    """The record's create_doc_swc_block_mask (records/010425_SoftCap/*.txt, GPT.forward) as
+    written there, on the CPU, for one (T,) row: its kv blocks and full kv blocks."""
+    BLOCK_SIZE = 128
+    total_num_blocks = len(inputs) // BLOCK_SIZE
+    docs = (inputs == 50256).cumsum(0)
+    docs_low = docs.view(-1, BLOCK_SIZE)[:, 0].contiguous()
+    docs_high = docs.view(-1, BLOCK_SIZE)[:, -1].contiguous()
+
+    def dense_to_ordered(dense_mask):
+        num_blocks = dense_mask.sum(dim=-1, dtype=torch.int32)
+        indices = dense_mask.argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+        return num_blocks[None, None].contiguous(), indices[None, None].contiguous()
+
+    kv_idx = block_idx = torch.arange(total_num_blocks, dtype=torch.int32)
+    q_idx = block_idx[:, None]
+    causal_bm = q_idx >= kv_idx
+    causal_full_bm = q_idx > kv_idx
+    window_bm = q_idx - kv_idx < sliding_window_num_blocks
+    window_full_bm = window_bm
+    document_bm = (docs_low[:, None] <= docs_high) & (docs_low <= docs_high[:, None])
+    document_full_bm = (docs_low[:, None] == docs_high) & (docs_low == docs_high[:, None])
+    nonzero_bm = causal_bm & window_bm & document_bm
+    full_bm = causal_full_bm & window_full_bm & document_full_bm
+    return (*dense_to_ordered(nonzero_bm & ~full_bm), *dense_to_ordered(full_bm))
+
+
+def block_mask_dense(mask, b: int) -> torch.Tensor:
+    """Row b of a BlockMask token by token, (T, T) bool: in a kept partial block its mask_mod
+    decides, a full block is all allowed, any other block nothing."""
+    T, size = mask.seq_lengths[0], mask.BLOCK_SIZE[0]
+    allowed = mask.mask_mod(torch.tensor(b), 0, torch.arange(T)[:, None], torch.arange(T))
+    dense = torch.zeros(T, T, dtype=torch.bool)
+    for full, n, kept in (
+        (False, mask.kv_num_blocks, mask.kv_indices),
+        (True, mask.full_kv_num_blocks, mask.full_kv_indices),
+    ):
+        for qb in range(T // size):
+            rows = slice(qb * size, qb * size + size)
+            for kb in kept[b, 0, qb, : n[b, 0, qb]].tolist():
+                cols = slice(kb * size, kb * size + size)
+                dense[rows, cols] = True if full else allowed[rows, cols]
+    return dense
+
+
+def test_the_block_mask_is_the_records():
+    """The FlexAttention BlockMask (document_window_block_mask) of a batch of 2 rows of 1,024
+    tokens, documents of random lengths (one over several blocks, one within a block, some
+    blocks whole in one document), windows of 1, 3 and 8 blocks: each row's kv blocks, partial
+    and full, are the record's create_doc_swc_block_mask's, tensor for tensor; and, token by
+    token, the BlockMask allows what SDPA's mask (document_window_mask) allows."""
+    gen = torch.Generator().manual_seed(11)
+    idx = torch.randint(0, 50000, (2, 1024), generator=gen)
+    idx[0, [0, 70, 200, 201, 390, 900]] = 50256
+    idx[1, [0, 600]] = 50256
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    for window in (1, 3, 8):
+        mask = model_module.document_window_block_mask(idx, True, torch.tensor(window))
+        sdpa = document_window_mask(idx, True, window)
+        for row in range(2):
+            record = record_doc_swc_block_mask(idx[row], window)
+            for name, want in zip(names, record, strict=True):
+                got = getattr(mask, name)[row : row + 1]
+                assert torch.equal(got, want), (window, row, name)
+            assert torch.equal(block_mask_dense(mask, row), sdpa[row, 0]), (window, row)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # flex_attention unfused on the CPU
@@ -265,7 +332,7 @@ def test_flex_attention_under_the_records_mask_mod_equals_the_sdpa_mask():
     block_mask = create_block_mask(mask_mod, None, None, 512, 512, device="cpu")
     q, k, v = (torch.randn(1, 2, 512, 16, generator=gen) for _ in range(3))
     flex = flex_attention(q, k, v, block_mask=block_mask)
-    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=document_window_mask(idx, True, 256))
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=document_window_mask(idx, True, 2))
     torch.testing.assert_close(flex, sdpa, rtol=1e-5, atol=1e-5)
 
 
@@ -349,24 +416,25 @@ def test_the_window_grows_as_the_records_schedule():
 
 def test_the_loop_sets_the_windows_progress_each_step(tmp_path, monkeypatch):
     """The training loop gives the model its progress (step / max_steps) before each step's
-    forwards and each validation (the real loop, one rank)."""
+    forwards and each validation (the real loop, one rank): each forward's mask reads the
+    window of its step, 128 -> 640 tokens growing a block a step over 4 steps."""
     from test_optim import MODEL, tiny_data, train_in_process, train_job
 
-    from lmpipe.models.modern import model as modern_model
-
     seen = []
+    real_mask = model_module.document_window_mask
 
-    def recording(config, progress):
-        seen.append(progress)
-        return window_at(config, progress)
+    def recording(idx, document, window_blocks):
+        seen.append(int(window_blocks))
+        return real_mask(idx, document, window_blocks)
 
-    monkeypatch.setattr(modern_model, "window_at", recording)
-    model = MODEL | {"arch": "modern", "attention_window": 128, "attention_window_final": 256}
+    monkeypatch.setattr(model_module, "document_window_mask", recording)
+    model = MODEL | {"arch": "modern", "attention_window": 128, "attention_window_final": 640}
     job = dataclasses.replace(train_job(), model=modern_config(**model))
     train_in_process(job, tiny_data(tmp_path), tmp_path / "out")
-    # the attention kernel's profiled forward (provenance.json) and validation at step 0 (2
+    # the record's int(((1 - x) 128 + x 704) // 128) blocks at x = step / 4: 1, 2, 3, 4, 5.
+    # The attention kernel's profiled forward (provenance.json) and validation at step 0 (2
     # batches), then 4 steps of 2 micro-steps, then validation at 4
-    assert seen == [0.0] * 5 + [0.25] * 2 + [0.5] * 2 + [0.75] * 2 + [1.0] * 2
+    assert seen == [1] * 5 + [2] * 2 + [3] * 2 + [4] * 2 + [5] * 2
 
 
 # ---- each switch ---------------------------------------------------------------------------------
@@ -851,3 +919,78 @@ def test_a_block_without_attention_is_the_records():
     )
     with pytest.raises(ValueError, match=r"no_attention \[2\]: a block index is not one of 0\.\.1"):
         ModernGPT(modern_config(**shape, no_attention=[2]))
+
+
+# ---- the record's init and loss (records/010425_SoftCap/*.txt) -----------------------------------
+
+
+def test_uniform_linear_init_is_the_records_casted_linear():
+    """linear_init uniform: c_q, c_k, c_v and c_fc drawn as the record's CastedLinear, an
+    nn.Linear(in, out, bias=False) left at PyTorch's init: each matrix's values within its
+    bound 1/sqrt(in), spread as a fresh nn.Linear's of that shape (std and largest value
+    within 3%, the quartiles within 0.06 bound); the projections and head still zero; the
+    default: N(0, 0.02)."""
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64}
+    torch.manual_seed(0)
+    model = build_model(modern_config(**shape, qkv="separate", linear_init="uniform"))
+    torch.manual_seed(1)
+    record = {(64, 64): torch.nn.Linear(64, 64, bias=False).weight.detach()}
+    record[(256, 64)] = torch.nn.Linear(64, 256, bias=False).weight.detach()
+    quartiles = torch.tensor([0.25, 0.5, 0.75])
+    for i in range(2):
+        block = model.transformer.h[i]
+        for w in (block.attn.c_q.weight, block.attn.c_k.weight, block.attn.c_v.weight,
+                  block.mlp.c_fc.weight):  # fmt: skip
+            ref, bound = record[tuple(w.shape)], 1 / math.sqrt(w.shape[1])
+            assert w.abs().max() <= bound and ref.abs().max() <= bound
+            assert w.abs().max().item() == pytest.approx(ref.abs().max().item(), rel=0.03)
+            assert w.std().item() == pytest.approx(ref.std().item(), rel=0.03)
+            diff = torch.quantile(w.flatten(), quartiles) - torch.quantile(ref.flatten(), quartiles)
+            assert diff.abs().max() < 0.06 * bound  # 3 sampling sds of 4,096 values
+        assert not block.attn.c_proj.weight.any() and not block.mlp.c_proj.weight.any()
+    assert not model.lm_head.weight.any()
+    normal = tiny(qkv="separate").transformer.h[0].mlp.c_fc.weight
+    assert normal.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def record_loss(hidden: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The record's GPT.forward from its final norm on: `logits = self.lm_head(x)` over every
+    row of the 50,304-row head, `15 * torch.tanh(logits / 15)`, `.float()`, and
+    `F.cross_entropy(logits.view(-1, logits.size(-1)), targets)`."""
+    logits = F.linear(hidden, head)
+    logits = 15 * torch.tanh(logits / 15)
+    logits = logits.float()
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["plain", "chunked"])
+def test_loss_over_padding_is_the_records(chunked):
+    """loss_over_padding: the loss is the record's softmax over all 50,304 columns (its value
+    and its gradients, the padding rows of the head included), plain or chunked, the padded
+    head multiplied whole or cut; off, the padding rows get no gradient and the loss differs."""
+    from lmpipe.models.head_loss import loss_function
+
+    gen = torch.Generator().manual_seed(12)
+    idx = torch.randint(0, 50257, (2, 32), generator=gen)
+    targets = torch.randint(0, 50257, (2, 32), generator=gen)
+    torch.manual_seed(0)
+    base = randomise(tiny(loss_over_padding=True), std=0.1)
+    hidden = base.hidden_states(idx).detach().requires_grad_()
+    head = base.lm_head.weight.detach().clone().requires_grad_()
+    want = record_loss(hidden, head, targets)
+    want.backward()
+    for padded_matmul in (False, True):
+        model = copy.deepcopy(base)
+        model.padded_head_matmul = padded_matmul
+        model.loss_fn = loss_function(16 if chunked else 0, compile=False)
+        loss = model(idx, targets)[1]
+        loss.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
+        grad = model.lm_head.weight.grad
+        torch.testing.assert_close(grad, head.grad, rtol=1e-4, atol=1e-7)
+        assert grad[50257:].abs().sum() > 0  # the padding rows train, as the record's
+    off = copy.deepcopy(base)
+    off.config = dataclasses.replace(base.config, loss_over_padding=False)
+    loss = off(idx, targets)[1]
+    loss.backward()
+    assert not torch.allclose(loss, want) and not off.lm_head.weight.grad[50257:].any()

@@ -59,6 +59,43 @@ def test_newton_schulz_in_bfloat16_is_torchs(shape):
     assert sv.shape == (small,) and 0.6 < sv.min() and sv.max() < 1.25  # Keller's ~U(0.5, 1.5)
 
 
+def record_zeropower(G: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
+    """The record's zeropower_via_newtonschulz5 (records/010425_SoftCap/*.txt), as written
+    there, but in `dtype` (the record's X = G.bfloat16())."""
+    assert len(G.shape) == 2
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    X = G.to(dtype)
+    if G.size(0) > G.size(1):
+        X = X.T
+    X = X / (X.norm() + 1e-7)
+    for _ in range(steps):
+        A = X @ X.T
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(0) > G.size(1):
+        X = X.T
+    return X
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-7, 0.0], ids=["plain", "nearly-zero", "zero"])
+def test_newton_schulz_is_normalised_as_the_records(scale):
+    """X / (||X|| + 1e-7), the record's: before any iteration a gradient of norm 1e-7 is halved
+    (torch's clamp at 1e-7 would leave its norm 1), a zero one stays zero; after 5 iterations
+    each is the record's (float32, to float tolerance: the record's b A + c A A is one addmm
+    here)."""
+    g = torch.randn(24, 16, generator=torch.Generator().manual_seed(3))
+    g = g / g.norm() * scale
+    for steps in (0, 5):
+        ours, record = (
+            newton_schulz(g, steps, torch.float32),
+            record_zeropower(g, steps, torch.float32),
+        )
+        torch.testing.assert_close(ours, record, rtol=1e-5, atol=1e-6, msg=f"{steps} steps")
+    assert newton_schulz(g, 0, torch.float32).norm().item() == pytest.approx(
+        {1.0: 1.0, 1e-7: 0.5, 0.0: 0.0}[scale], rel=1e-5
+    )
+
+
 def test_a_muon_step_is_torch_muons_bit_for_bit():
     """Three steps on a tall and a wide matrix: torch.optim.Muon (same lr, decay, momentum,
     nesterov, bfloat16 Newton-Schulz, its default lr scale) lands on the same weights."""

@@ -281,6 +281,18 @@ def compile_problem(mode: str, device: str) -> str | None:
     return None
 
 
+def loss_kernel_problem(kernel: str, device: str) -> str | None:
+    """Why train.loss_kernel `kernel` cannot run on `device` (None: it can), in one line: the
+    fused kernels are Triton's, the GPU's (whether the package is installed is the trainer's
+    check, on the machine that trains: lmpipe.models.head_loss.kernel_problem)."""
+    if kernel != "pytorch" and device != "cuda":
+        return (
+            f"train.loss_kernel {kernel!r} is a Triton kernel: launch.device cuda only (here"
+            f" {device}); pytorch runs anywhere"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class FSDPConfig:
     """How FSDP2 shards the model (lmpipe.train.parallel); docs/fsdp.md argues the defaults from
@@ -380,6 +392,14 @@ class TrainConfig:
         "the LM head and loss in chunks of this many positions, never the full logits"
         " (lmpipe.models.head_loss); 0: in one piece",
         minimum=0,
+    )
+    loss_kernel: str = setting(
+        "pytorch",
+        "the LM head and loss's implementation: pytorch (plain, or chunked by"
+        " loss_chunk_tokens); liger (Liger-Kernel's fused linear cross-entropy) or"
+        " cut_cross_entropy (Apple's): Triton kernels that never hold the logits, CUDA only,"
+        " their package installed on the GPU machine (lmpipe.models.head_loss)",
+        enum=["pytorch", "liger", "cut_cross_entropy"],
     )
     activation_checkpointing: str = setting(
         "none",
@@ -983,6 +1003,7 @@ def conversation_tokenizings(config: dict[str, Any]) -> list[tuple[str, str | No
 ADDED_TRAIN_KEYS = {
     "checkpoint_async": False,
     "loss_chunk_tokens": 0,
+    "loss_kernel": "pytorch",
     "activation_checkpointing": "none",
     "fp8": False,
     "attention_backend": "auto",
@@ -1003,7 +1024,7 @@ ADDED_MODEL_KEYS: dict[str, Any] = {
     "rope_frequencies": "all", "no_attention": (), "embed_init_std": 0.02, "qkv": "fused",
     "unet_skips": False, "value_embeddings": 0, "embedding_mix": False,
     "document_mask": False, "attention_window": None, "attention_window_final": None,
-    "tokenizer": None,
+    "tokenizer": None, "linear_init": "normal", "loss_over_padding": False,
 }  # fmt: skip
 
 

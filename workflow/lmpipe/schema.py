@@ -42,6 +42,7 @@ from lmpipe.config import (
     is_conversations,
     is_fine_tuning,
     is_mixture,
+    loss_kernel_problem,
     model_config,
     optimizer_settings,
     run_config,
@@ -420,10 +421,9 @@ def check_trained_tokenizers(config: dict[str, Any]) -> None:
 
 
 def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
-    """train.compile_scope and compile_mode: meaningful only under compile; the whole model
-    compiled never with a growing attention window; CUDA graphs on CUDA only, and never for
-    fine-tuning, whose head runs on a count of positions that changes each step (a CUDA graph
-    holds one shape)."""
+    """train.compile_scope and compile_mode: meaningful only under compile; CUDA graphs on CUDA
+    only, and never for fine-tuning, whose head runs on a count of positions that changes each
+    step (a CUDA graph holds one shape)."""
     t = rc.train
     for key in ("compile_scope", "compile_mode"):
         if not t.compile and getattr(t, key) != ADDED_TRAIN_KEYS[key]:
@@ -431,15 +431,17 @@ def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
                 f"{where}.train.{key} is {getattr(t, key)!r} but train.compile is false: set"
                 " compile: true, or leave the key out"
             )
-    if t.compile and t.compile_scope == "model" and rc.model.attention_window_final is not None:
-        raise ConfigError(
-            f"{where}.train.compile_scope 'model': the model's attention window grows during"
-            " training (attention_window_final), and the whole graph would recompile at each"
-            " new window; regions builds the window's mask outside the compiled graphs"
-        )
     problem = compile_problem(t.compile_mode, rc.launch.device)
     if problem is not None:
         raise ConfigError(f"{where}: {problem}")
+    problem = loss_kernel_problem(t.loss_kernel, rc.launch.device)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
+    if t.loss_kernel != "pytorch" and t.loss_chunk_tokens:
+        raise ConfigError(
+            f"{where}.train.loss_chunk_tokens {t.loss_chunk_tokens}: loss_kernel"
+            f" {t.loss_kernel!r} never holds the logits; leave loss_chunk_tokens 0"
+        )
     if fine_tuning and t.compile_mode in CUDA_GRAPH_MODES:
         raise ConfigError(
             f"{where}.train.compile_mode {t.compile_mode!r}: CUDA graphs need static shapes, and"

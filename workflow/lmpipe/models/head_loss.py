@@ -11,19 +11,30 @@ backward scales them by the incoming gradient. The same idea as Liger-Kernel's f
 cross-entropy and Apple's cut-cross-entropy, in plain PyTorch: each chunk's step is ordinary ops,
 which torch.compile fuses (`loss_function(..., compile=True)`).
 
-Both: targets of -1 do not count; the mean is over the counted targets; `weight` may hold padding
+`train.loss_kernel` names a fused Triton kernel instead, on CUDA only (LOSS_KERNELS): Liger-Kernel's
+`LigerFusedLinearCrossEntropyLoss` (linkedin/Liger-Kernel) or Apple's cut-cross-entropy
+(`cut_cross_entropy.linear_cross_entropy`, apple/ml-cross-entropy), each imported on first use,
+each with the soft cap and the ignored targets as its own arguments.
+
+All: targets of -1 do not count; the mean is over the counted targets; `weight` may hold padding
 rows past `vocab_size` (llm.c's 50,304), whose logits are dropped before the softmax; an optional
 soft cap (cap * tanh(logits / cap), the modern architecture's) before the softmax.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 LossFn = Callable[..., torch.Tensor]  # (x, weight, targets, vocab_size, softcap) -> mean loss
+# train.loss_kernel's fused kernels: (module imported, the package that installs it)
+LOSS_KERNELS = {
+    "liger": ("liger_kernel", "liger-kernel==0.8.5"),
+    "cut_cross_entropy": ("cut_cross_entropy", "cut-cross-entropy==25.1.1"),
+}
 
 
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -114,15 +125,66 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return (grad_x * scale).to(grad_x.dtype), grad_w, None, None, None, None, None
 
 
-def loss_function(chunk_tokens: int, compile: bool) -> LossFn:
+def kernel_problem(kernel: str, device_type: str) -> str | None:
+    """Why train.loss_kernel `kernel` cannot run on `device_type` here (None: it can), in one
+    line: a fused kernel is Triton's, CUDA only, and its package must be installed."""
+    if kernel == "pytorch":
+        return None
+    if device_type != "cuda":  # as lmpipe.config.loss_kernel_problem says it to a config
+        return (
+            f"train.loss_kernel {kernel!r} is a Triton kernel: launch.device cuda only (here"
+            f" {device_type}); pytorch runs anywhere"
+        )
+    module, package = LOSS_KERNELS[kernel]
+    if importlib.util.find_spec(module) is None:
+        return f"train.loss_kernel {kernel!r}: {module} is not installed (pip install {package})"
+    return None
+
+
+def fused_loss(kernel: str) -> LossFn:
+    """train.loss_kernel's fused head + loss, imported now: the padding rows past vocab_size
+    cut from the weight, (..., C) positions flattened; never traced by a compiled region (its
+    Triton kernels and autograd.Function run as they are)."""
+    if kernel == "liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        def fused(x, weight, targets, vocab_size, softcap=None):
+            # the weight's gradient summed over the positions in fp32, as the chunked one's
+            loss = LigerFusedLinearCrossEntropyLoss(
+                ignore_index=-1, softcap=softcap, accum_dtype=torch.float32
+            )
+            return loss(weight[:vocab_size], x.reshape(-1, x.size(-1)), targets.reshape(-1))
+    else:
+        from cut_cross_entropy import linear_cross_entropy as cce
+
+        def fused(x, weight, targets, vocab_size, softcap=None):
+            return cce(
+                x.reshape(-1, x.size(-1)), weight[:vocab_size], targets.reshape(-1),
+                ignore_index=-1, softcap=softcap,
+            )  # fmt: skip
+
+    fused = torch.compiler.disable(fused)
+    fused.kernel = kernel  # what the trainer's provenance.json reads back
+    return fused
+
+
+def loss_function(
+    chunk_tokens: int, compile: bool, kernel: str = "pytorch", device_type: str = "cpu"
+) -> LossFn:
     """The head + loss a model trains with: plain (chunk_tokens 0) or in chunks of that many
-    positions; compiled where `compile` (the plain one whole, the chunked one's step).
+    positions; compiled where `compile` (the plain one whole, the chunked one's step); or a
+    fused kernel (`kernel`, train.loss_kernel: refused in one line where it cannot run).
 
     Uncompiled, the plain one is traced into whatever compiled region calls it (the model's
     tail, lmpipe.train.parallel). The compiled chunked one is never traced by an enclosing
     region (torch.compiler.disable): its loop over chunks would unroll into that region's graph,
     and with a count of positions that changes each step (fine-tuning's counted-only head)
     recompile each step; its step is compiled on its own instead."""
+    if kernel != "pytorch":
+        problem = kernel_problem(kernel, device_type)
+        if problem is not None:
+            raise ValueError(problem)
+        return fused_loss(kernel)
     if chunk_tokens <= 0:
         return torch.compile(linear_cross_entropy) if compile else linear_cross_entropy
     step = torch.compile(chunk_step) if compile else chunk_step

@@ -224,7 +224,7 @@ def training_model(
     model.padded_head_matmul = device.type == "cuda"
     identity = init(model) if init is not None else None
     alone = loss_compiled_alone(model, tc.compile, tc.compile_scope, tc.loss_chunk_tokens)
-    model.loss_fn = loss_function(tc.loss_chunk_tokens, alone)
+    model.loss_fn = loss_function(tc.loss_chunk_tokens, alone, tc.loss_kernel, device.type)
     attention.use_backend(tc.attention_backend)  # every attend of this process
     if tc.fp8:
         fp8.convert_blocks(model, device)  # before sharding: FSDP2 all-gathers float8 weights
@@ -310,6 +310,7 @@ def write_provenance(
                 # what the model trains with, read off the model (lmpipe.models.head_loss,
                 # lmpipe.train.parallel.recompute_blocks)
                 "loss_chunk_tokens": getattr(model.loss_fn, "chunk_tokens", 0),
+                "loss_kernel": getattr(model.loss_fn, "kernel", "pytorch"),
                 "recompute": [getattr(b.forward, "recompute", "none") for b in model.blocks()],
                 "attention_backend": job.train.attention_backend,  # the setting
                 "attention_kernel": kernel,  # the SDPA kernel that ran (attention_kernel)

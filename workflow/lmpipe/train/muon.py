@@ -9,7 +9,9 @@ iterations. The update of one matrix is torch.optim.Muon's (torch 2.13), op for 
     buf <- lerp(buf, g, 1 - momentum);  u <- lerp(g, buf, momentum) if nesterov else buf
     p <- p (1 - lr wd) - lr sqrt(max(1, rows / cols)) NS(u)
 
-(tests/test_optim.py holds it equal to torch's, bit for bit). Three groups, each with its own
+(tests/test_optim.py holds it equal to torch's, bit for bit), but for NS's normalisation, the
+speedrun record's (`newton_schulz`), which differs from torch's for a gradient near zero only.
+Three groups, each with its own
 peak `lr` (the loop scales every group by the schedule, lmpipe.train.optim.lr_at):
 
 - `muon`: the 2-D parameters of `model.blocks()` (attention's and the MLP's weight matrices):
@@ -69,14 +71,16 @@ NS_EPS = 1e-7
 
 def newton_schulz(g: torch.Tensor, steps: int, dtype: torch.dtype) -> torch.Tensor:
     """The orthogonalisation of a whole 2-D matrix `g`, in `dtype`: torch.optim._muon's
-    `_zeropower_via_newtonschulz`, op for op (tested equal in bfloat16), which always computes in
-    bfloat16; here float32 too (the CPU tests compare ranks in it)."""
+    `_zeropower_via_newtonschulz` (tested equal in bfloat16), which always computes in bfloat16;
+    here float32 too (the CPU tests compare ranks in it). Normalised as the speedrun record's
+    `zeropower_via_newtonschulz5`, X / (||X|| + 1e-7), where torch clamps the norm at 1e-7: the
+    same but for matrices of norm near 1e-7 or less (a gradient nearly zero)."""
     a, b, c = NS_COEFFICIENTS
     x = g.to(dtype)
     tall = g.size(0) > g.size(1)
     if tall:  # iterate on the smaller Gram matrix
         x = x.T
-    x = x / x.norm().clamp(min=NS_EPS)  # spectral norm <= Frobenius norm = 1
+    x = x / (x.norm() + NS_EPS)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
         gram = x @ x.T
         poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2

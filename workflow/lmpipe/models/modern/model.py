@@ -39,7 +39,10 @@ Inference may decode with a KV cache (`decode`, transformers' DynamicCache or an
 key. Training never takes that branch.
 
 The vocabulary is padded to `padded_vocab_size` as GPT-2's (llm.c's speed padding); the padding
-is never predicted. Parameter names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
+is never predicted, but with `loss_over_padding` the loss is a softmax over it too, as the
+record's (its padding rows of the head train toward -cap). Optionally nn.Linear's own uniform
+init for the blocks' input matrices (`linear_init`, the record's CastedLinear). Parameter
+names follow nanoGPT's (`transformer.h.0.attn.c_attn.weight`, ...).
 """
 
 from __future__ import annotations
@@ -52,10 +55,10 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from torch.nn.attention.flex_attention import BlockMask
 
 from lmpipe.config import ModelConfig, model_config
-from lmpipe.models.attention import attend, compiled, flex_on
+from lmpipe.models.attention import attend, flex_on
 from lmpipe.models.head_loss import linear_cross_entropy, soft_cap
 from lmpipe.registry import ARCHITECTURES
 
@@ -84,14 +87,18 @@ WINDOW_BLOCK = 128  # the records' FlexAttention block: the window counts whole 
 
 
 def document_window_mask(
-    idx: torch.Tensor, document: bool, window: int | None, queries: int | None = None
+    idx: torch.Tensor,
+    document: bool,
+    window_blocks: int | torch.Tensor | None,
+    queries: int | None = None,
 ) -> torch.Tensor:
     """(B, 1, Q, T) bool, True where query t may attend key s: s <= t; with `document`, s in the
     same document (a document starts at each EOT: the records' `docs = (inputs ==
-    50256).cumsum(0)`); with `window`, s's 128-token block less than window / 128 blocks behind
-    t's (the records' block-wise `q_idx - kv_idx < sliding_window_num_blocks`). The queries are
-    the last Q of idx's T tokens (default all: Q = T; fewer when decoding with a KV cache, whose
-    keys are all T). SDPA's boolean mask, on every device."""
+    50256).cumsum(0)`); with `window_blocks`, s's 128-token block less than that many blocks
+    behind t's (the records' block-wise `q_idx - kv_idx < sliding_window_num_blocks`; an int or
+    the model's 0-d tensor). The queries are the last Q of idx's T tokens (default all: Q = T;
+    fewer when decoding with a KV cache, whose keys are all T). SDPA's boolean mask, on every
+    device."""
     T = idx.size(1)
     t = torch.arange(T, device=idx.device)
     q = t[T - (T if queries is None else queries) :]  # the queries' positions
@@ -99,36 +106,62 @@ def document_window_mask(
     if document:
         docs = (idx == EOT).cumsum(1)  # (B, T)
         allowed = allowed & (docs[:, q, None] == docs[:, None, :])
-    if window is not None:
+    if window_blocks is not None:
         blocks = t // WINDOW_BLOCK
-        allowed = allowed & (blocks[q, None] - blocks[None, :] < window // WINDOW_BLOCK)[None]
+        allowed = allowed & (blocks[q, None] - blocks[None, :] < window_blocks)[None]
     return allowed[:, None]
 
 
-def document_window_block_mask(idx: torch.Tensor, document: bool, window: int | None) -> BlockMask:
-    """document_window_mask as FlexAttention's BlockMask (create_block_mask, 128-token blocks;
-    compiled on CUDA, where a 65,536-token row's dense mask would take 4 GiB): the record's
-    `document_causal` mask_mod (`causal_mask & document_mask`, docs from the EOT tokens) and its
-    block-wise window `q_idx - kv_idx < sliding_window_num_blocks` over the blocks of q and kv
-    (KellerJordan/modded-nanogpt records/010425_SoftCap/31d6c427-...txt, GPT.forward). The
-    window is a tensor, as the record's, so that a new window compiles nothing new."""
-    B, T = idx.shape
-    docs = (idx == EOT).cumsum(1)  # (B, T)
-    blocks = torch.tensor(
-        T if window is None else window // WINDOW_BLOCK, dtype=torch.int32, device=idx.device
-    )
+def dense_to_ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (B, n, n) bool block mask as FlexAttention's (B, 1, n) counts and (B, 1, n, n) indices
+    of the kept kv blocks, kept first (the record's dense_to_ordered, with a batch)."""
+    num_blocks = dense.sum(dim=-1, dtype=torch.int32)
+    indices = dense.argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+    return num_blocks[:, None].contiguous(), indices[:, None].contiguous()
 
-    def mask_mod(b, h, q_idx, kv_idx):
+
+def document_window_block_mask(
+    idx: torch.Tensor, document: bool, window_blocks: int | torch.Tensor | None
+) -> BlockMask:
+    """document_window_mask as FlexAttention's BlockMask, built as the record builds it
+    (KellerJordan/modded-nanogpt records/010425_SoftCap/31d6c427-...txt,
+    create_doc_swc_block_mask), a row of the batch at a time: from (T/128)^2 comparisons of
+    whole 128-token blocks, never the T x T mask. A block pair is kept where causal, in the
+    window and possibly of one document (the first document of one block at or before the
+    last of the other, both ways); full (no mask_mod run) where strictly causal, in the window
+    and of one document only; the partial ones run the record's `document_causal` mask_mod
+    (with the window too: eager flex_attention reads the mask_mod alone). The window is a
+    block count the graphs read (the model's tensor): a new one compiles nothing."""
+    B, T = idx.shape
+    n = T // WINDOW_BLOCK
+    docs = (idx == EOT).cumsum(1)  # (B, T)
+    block = torch.arange(n, dtype=torch.int32, device=idx.device)
+    q, kv = block[:, None], block[None, :]
+    some, full = (q >= kv)[None], (q > kv)[None]  # (1, n, n)
+    if window_blocks is not None:  # block-wise: a block is in the window whole or not at all
+        window = (q - kv < window_blocks)[None]
+        some, full = some & window, full & window
+    if document:
+        low = docs.view(B, n, WINDOW_BLOCK)[:, :, 0]  # (B, n): each block's first document
+        high = docs.view(B, n, WINDOW_BLOCK)[:, :, -1]  # and its last
+        some = some & (low[:, :, None] <= high[:, None]) & (low[:, None] <= high[:, :, None])
+        full = full & (low[:, :, None] == high[:, None]) & (low[:, None] == high[:, :, None])
+    some, full = some.expand(B, n, n), full.expand(B, n, n)
+    kv_num_blocks, kv_indices = dense_to_ordered(some & ~full)
+    full_kv_num_blocks, full_kv_indices = dense_to_ordered(full)
+
+    def document_causal(b, h, q_idx, kv_idx):
         allowed = q_idx >= kv_idx
         if document:
             allowed = allowed & (docs[b, q_idx] == docs[b, kv_idx])
-        if window is not None:
-            allowed = allowed & (q_idx // WINDOW_BLOCK - kv_idx // WINDOW_BLOCK < blocks)
+        if window_blocks is not None:  # what the blocks say already, for eager flex_attention
+            allowed = allowed & (q_idx // WINDOW_BLOCK - kv_idx // WINDOW_BLOCK < window_blocks)
         return allowed
 
-    # torch's advice: compiled on CUDA, it never holds the dense mask
-    make = compiled(create_block_mask) if idx.device.type == "cuda" else create_block_mask
-    return make(mask_mod, B, None, T, T, device=idx.device, BLOCK_SIZE=WINDOW_BLOCK)
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices,
+        BLOCK_SIZE=WINDOW_BLOCK, mask_mod=document_causal,
+    )  # fmt: skip
 
 
 def window_at(config: ModelConfig, progress: float) -> int | None:
@@ -330,17 +363,42 @@ class ModernGPT(nn.Module):
         # as GPT-2's: fine-tuning runs the head on counted positions only; on a GPU the training
         # loss multiplies by the whole padded weight (aligned GEMM tiles)
         self.head_on_counted_only = False
-        # the training's progress, which the loop sets each step (attention_window_final); the
-        # trained model's window is the final one
-        self.progress = 1.0
+        # the attention window in 128-token blocks, a tensor the graphs read (the record's
+        # sliding_window_num_blocks): a new window is new data, never a recompile; set from the
+        # training's progress, which the loop sets each step; the trained model's is the final
+        if config.attention_window is not None:
+            self.register_buffer("window_blocks", torch.zeros((), dtype=torch.int32), False)
+        self._progress, self._window = 1.0, None
         self.padded_head_matmul = False
         self.init_weights()
 
+    @property
+    def progress(self) -> float:
+        """The training's progress in [0, 1] (step / max_steps), which sets the window."""
+        return self._progress
+
+    @progress.setter
+    def progress(self, x: float) -> None:
+        self._progress = x
+        self._set_window()
+
+    def _set_window(self, force: bool = False) -> None:
+        """The window tensor to window_at(progress), filled in place (no new tensor, no copy
+        from the host: a fill kernel where the block count changes, 13 times a speedrun)."""
+        if self.config.attention_window is None:
+            return
+        blocks = window_at(self.config, self._progress) // WINDOW_BLOCK
+        if force or blocks != self._window:
+            self.window_blocks.fill_(blocks)
+            self._window = blocks
+
     @torch.no_grad()
     def init_weights(self) -> None:
-        """N(0, 0.02), and zeros for the output projections and the untied head (zero_init; else
+        """N(0, 0.02) (linear_init uniform: nn.Linear's U(+-1/sqrt(fan_in)) for the Linear
+        weights), and zeros for the output projections and the untied head (zero_init; else
         llm.c's 0.02 / sqrt(2 n_layer) for the projections); callable again after `to_empty()`."""
         c = self.config
+        self._set_window(force=True)
         if c.unet_skips:
             nn.init.ones_(self.skip_weights)
         for block in self.transformer.h:
@@ -362,6 +420,8 @@ class ModernGPT(nn.Module):
                         nn.init.zeros_(module.weight)
                     else:
                         nn.init.normal_(module.weight, std=0.02 / math.sqrt(2 * c.n_layer))
+                elif c.linear_init == "uniform":  # nn.Linear's own (the record's CastedLinear)
+                    nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
                 else:
                     nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if module.bias is not None:
@@ -432,7 +492,7 @@ class ModernGPT(nn.Module):
         x, tables, rope = self.embed(idx, positions)
         x0 = x
         if mask is None and positions is None and (c.document_mask or c.attention_window):
-            window = window_at(c, self.progress)
+            window = self.window_blocks if c.attention_window is not None else None
             if flex_on(idx.device) and idx.size(1) % WINDOW_BLOCK == 0:  # flex: whole blocks
                 mask = document_window_block_mask(idx, c.document_mask, window)
             else:
@@ -491,22 +551,25 @@ class ModernGPT(nn.Module):
             raise ValueError(
                 f"context {tuple(context.shape)}: not the {past} cached tokens and then idx"
             )
-        window = window_at(c, self.progress)
-        mask = document_window_mask(context, c.document_mask, window, queries=T)
+        blocks = window_at(c, self.progress) // WINDOW_BLOCK if c.attention_window else None
+        mask = document_window_mask(context, c.document_mask, blocks, queries=T)
         positions = torch.arange(past, past + T, device=idx.device)
         return self.head(self.transformer.ln_f(self.trunk(idx, positions, mask, cache)))
 
     def head_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The tail: final norm -> LM head -> soft-capped loss, the trunk's (B, T, C) to the mean
         loss over the counted targets (a compiled region of its own under train.compile)."""
+        c = self.config
         x = self.transformer.ln_f(x)
         weight = self.lm_head.weight
+        # loss_over_padding: the record's softmax over every padded column
+        vocab = c.padded_vocab_size if c.loss_over_padding else c.vocab_size
         if not self.padded_head_matmul:
-            weight = weight[: self.config.vocab_size]
+            weight = weight[:vocab]
         if self.head_on_counted_only:
             counted = targets != -1
             x, targets = x[counted], targets[counted]  # (N, C), (N,): a host sync (the shape)
-        return self.loss_fn(x, weight, targets, self.config.vocab_size, self.config.logit_softcap)
+        return self.loss_fn(x, weight, targets, vocab, c.logit_softcap)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Soft-capped fp32 logits over the real vocabulary for hidden states h (..., C)."""

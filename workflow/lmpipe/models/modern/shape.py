@@ -89,6 +89,19 @@ class ModernSettings:
         0.02, "the token embedding's init, N(0, std) (modded-nanogpt: nn.Embedding's, 1.0)",
         exclusiveMinimum=0,
     )  # fmt: skip
+    linear_init: str = setting(
+        "normal",
+        "the init of the blocks' input matrices (queries, keys, values, the MLP's first):"
+        " normal, N(0, 0.02) (llm.c's); uniform, nn.Linear's own"
+        " U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (modded-nanogpt's 2025-01 records, CastedLinear)",
+        enum=["normal", "uniform"],
+    )
+    loss_over_padding: bool = setting(
+        False,
+        "the model's loss a softmax over all padded_vocab_size columns, the LM head's padding"
+        " rows trained (modded-nanogpt's records: 50,304); false: over vocab_size, the padding"
+        " never scored. The evaluations' logits are over vocab_size either way",
+    )
 
 
 def num_params(m: Any) -> int:
