@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from test_bf16 import manifest  # noqa: F401 (a fixture: real FineWeb text as shards)
 
 from lmpipe import config as lmconfig
 from lmpipe.models.gpt2.model import GPTConfig
-from test_bf16 import manifest  # noqa: F401 (a fixture: real FineWeb text as shards)
 
 SHAPE = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64}
 VOCAB = {"vocab_size": 320, "padded_vocab_size": 384}

@@ -9,12 +9,12 @@ never split across two units.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
-from dataclasses import dataclass
-import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
