@@ -6,6 +6,10 @@ threads. Each side runs in its own process, alternating, `--repeats` times; a ru
 its median step time after `--warmup` steps, and the figure printed is the median over repeats.
 
     python benchmarks/train_throughput.py [--threads 2] [--steps 12] [--repeats 3] [--compile]
+    python benchmarks/train_throughput.py --one-rank [--dtype bfloat16] [--compile]
+
+`--one-rank`: lmpipe's trainer on one rank wrapped in FSDP2 (`fsdp.shard: always`) against the
+plain model (`never`), alternating, instead of against HF: what `fsdp.shard`'s default rests on.
 
 lmpipe runs for real (`python -m lmpipe.train.pretrain`, the trainer's worker as one process,
 FSDP on a 1-rank gloo group) and its tokens/s come from its metrics.jsonl; the HF loop times
@@ -54,17 +58,18 @@ def make_tokens(folder: Path) -> Path:
     return folder / "manifest.json"
 
 
-def lmpipe_run(args, manifest: Path, out: Path) -> float:
+def lmpipe_run(args, manifest: Path, out: Path, shard: str = "always") -> float:
     """tokens/s of lmpipe's trainer: the median of its steps after the warm-up."""
     sys.path.insert(0, str(REPO / "workflow"))
-    from lmpipe.config import ScheduleConfig, TrainConfig
+    from lmpipe.config import FSDPConfig, ScheduleConfig, TrainConfig
     from lmpipe.registry import AdamWSettings
 
     tc = TrainConfig(
         seq_len=args.seq_len, micro_batch=args.micro_batch, batch_tokens=args.batch_tokens,
         optimizer=AdamWSettings(name="adamw", lr=1e-3, betas=(0.9, 0.95), fused=args.fused),
         max_steps=args.steps, schedule=ScheduleConfig(warmup_steps=2), val_every=0,
-        val_tokens=1024, checkpoint_every=0, compile=args.compile,
+        val_tokens=1024, checkpoint_every=0, compile=args.compile, dtype=args.dtype,
+        fsdp=FSDPConfig(shard=shard),
     )  # fmt: skip
     full = dataclasses.asdict(tc)  # every setting spelled out, the optimizer's with its name
     cfg = {
@@ -138,7 +143,13 @@ def main() -> None:
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--compile", action="store_true", help="lmpipe with torch.compile")
     parser.add_argument("--fused", action="store_true", help="fused AdamW (both)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--one-rank", action="store_true", help="one rank: FSDP2 against the plain model"
+    )
     args = parser.parse_args()
+    if args.one_rank:
+        return one_rank(args)
     with tempfile.TemporaryDirectory() as tmp:
         manifest = make_tokens(Path(tmp))
         ours, theirs = [], []
@@ -159,6 +170,30 @@ def main() -> None:
     print(f"lmpipe trainer : {a:,.0f} tokens/s (median of {args.repeats})")
     print(f"HF GPT2 loop   : {b:,.0f} tokens/s (median of {args.repeats})")
     print(f"ratio          : {a / b:.2f}x (goal >= 1.2x)")
+
+
+def one_rank(args) -> None:
+    """tokens/s of the trainer on one rank, FSDP2-wrapped and plain, side by side."""
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = make_tokens(Path(tmp))
+        runs: dict[str, list[float]] = {"always": [], "never": []}
+        for i in range(args.repeats):
+            for shard, figures in runs.items():
+                figures.append(lmpipe_run(args, manifest, Path(tmp) / f"{shard}{i}", shard))
+            print(
+                f"repeat {i + 1}: FSDP2 {runs['always'][-1]:,.0f} tok/s,"
+                f" plain {runs['never'][-1]:,.0f} tok/s",
+                flush=True,
+            )
+    fsdp, plain = (statistics.median(runs[k]) for k in ("always", "never"))
+    print(
+        f"config: {MODEL}, seq {args.seq_len}, micro-batch {args.micro_batch},"
+        f" {args.batch_tokens} tokens a step, {args.threads} threads, compile={args.compile},"
+        f" dtype {args.dtype}"
+    )
+    print(f"one rank, FSDP2 (shard always): {fsdp:,.0f} tokens/s (median of {args.repeats})")
+    print(f"one rank, plain (shard never) : {plain:,.0f} tokens/s (median of {args.repeats})")
+    print(f"ratio plain / FSDP2           : {plain / fsdp:.2f}x")
 
 
 if __name__ == "__main__":

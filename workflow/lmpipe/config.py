@@ -320,6 +320,21 @@ class FSDPConfig:
         " shard of them); false: once a step, after the last micro-step, each rank accumulating"
         " the unsharded gradients (in reduce_dtype) until then",
     )
+    shard: str = setting(
+        "always",
+        "wrap the model in FSDP2 (always); never: a one-rank run trains the plain model (bf16 by"
+        " autocast), without FSDP's copies and hooks; auto: never on one rank, always on several",
+        enum=["always", "never", "auto"],
+    )
+
+    def sharded(self, world_size: int) -> bool:
+        """Whether a run over `world_size` data-parallel ranks wraps its model in FSDP2."""
+        if self.shard == "never" and world_size > 1:
+            raise ValueError(
+                f"train.fsdp.shard 'never' needs one rank; this run has {world_size}: set always"
+                " or auto"
+            )
+        return self.shard == "always" or world_size > 1
 
 
 @dataclass(frozen=True)
@@ -1013,7 +1028,7 @@ ADDED_TRAIN_KEYS = {
 # train.fsdp's: once-a-step reduction sums the same micro-steps' gradients as a reduction each
 # micro-step did, in another order (equal up to rounding), so a run trained before the key
 # existed is not trained again for it
-ADDED_FSDP_KEYS = {"reduce_each_micro_step": False}
+ADDED_FSDP_KEYS = {"reduce_each_micro_step": False, "shard": "always"}
 # the same for a fine-tuning run's sft settings
 ADDED_SFT_KEYS = {"replay": 0.0}
 # the same for the optimizer's settings (train.optimizer) and a model's (models:)

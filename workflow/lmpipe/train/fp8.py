@@ -70,7 +70,12 @@ def convert_blocks(model: torch.nn.Module, device: torch.device, fsdp: bool = Tr
 
 def after_optimizer_step(model: torch.nn.Module) -> None:
     """The float8 weights' scales for the next all-gather, one all-reduce for every layer
-    (torchao's precompute_float8_dynamic_scale_for_fsdp, called where torchtitan calls it)."""
+    (torchao's precompute_float8_dynamic_scale_for_fsdp, called where torchtitan calls it); a
+    plain model (fsdp.shard never) gathers nothing and computes its scales in the forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        return
     from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
     precompute_float8_dynamic_scale_for_fsdp(model)

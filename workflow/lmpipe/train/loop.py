@@ -226,8 +226,9 @@ def training_model(
     alone = loss_compiled_alone(model, tc.compile, tc.compile_scope, tc.loss_chunk_tokens)
     model.loss_fn = loss_function(tc.loss_chunk_tokens, alone, tc.loss_kernel, device.type)
     attention.use_backend(tc.attention_backend)  # every attend of this process
-    if tc.fp8:
-        fp8.convert_blocks(model, device)  # before sharding: FSDP2 all-gathers float8 weights
+    if tc.fp8:  # before sharding: FSDP2 all-gathers float8 weights
+        world = mesh.size() if mesh is not None else dist.get_world_size()
+        fp8.convert_blocks(model, device, fsdp=tc.fsdp.sharded(world))
     model = parallelize(
         model, device, tc.dtype, tc.compile, tc.fsdp, mesh, tc.activation_checkpointing,
         tc.compile_scope, tc.compile_mode,

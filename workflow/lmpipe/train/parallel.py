@@ -9,11 +9,14 @@ never split across two units.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -195,13 +198,17 @@ def parallelize(
     """
     fsdp = fsdp or FSDPConfig()
     mesh = mesh if mesh is not None else dp_mesh(device.type)
+    if not fsdp.sharded(mesh.size()):
+        return unsharded(
+            model, device, dtype, compile, activation_checkpointing, compile_scope, compile_mode
+        )
     mp = mixed_precision(dtype, fsdp.reduce_dtype)
     whole = compile and compile_scope == "model"  # one FSDP unit: the root (below)
     blocks = [] if whole else model.blocks()
     recompute_blocks(model.blocks(), activation_checkpointing)
     for block in blocks:
         if compile:
-            block.compile(mode=compile_mode)
+            block.compile(mode=compile_mode, dynamic=False)  # static shapes: compile_after_sharding
         fully_shard(
             block, mesh=mesh, mp_policy=mp, reshard_after_forward=fsdp.reshard_after_forward
         )
@@ -215,11 +222,63 @@ def parallelize(
     return model
 
 
+# what a model's callers call (the trainer's forward; the evaluators' trunk and head apart)
+ENTRY_POINTS = ("forward", "hidden_states", "head")
+
+
+def unsharded(
+    model: torch.nn.Module,
+    device: torch.device,
+    dtype: str,
+    compile: bool,
+    activation_checkpointing: str = "none",
+    compile_scope: str = "regions",
+    compile_mode: str = "default",
+) -> torch.nn.Module:
+    """One rank's model without FSDP2 (fsdp.shard never, or auto on one rank): on one rank its
+    all-gathers and reduce-scatters are copies and its hooks run twice a block a micro-step, for
+    nothing. Recomputed and compiled as `parallelize` does, the same regions.
+
+    bf16 by autocast, not by casting the weights as FSDP2's policy does: without FSDP2 nothing
+    keeps fp32 master weights beside bf16 copies, and autocast is PyTorch's own way to compute
+    in bf16 from fp32 weights (the matmuls and attention in bf16; norms, softmax and the loss in
+    fp32). So its numerics are near, not equal, to the FSDP2 run's (bf16 weights everywhere);
+    in fp32 the two are the same computation."""
+    recompute_blocks(model.blocks(), activation_checkpointing)
+    if compile and compile_scope != "model":
+        for block in model.blocks():
+            block.compile(mode=compile_mode, dynamic=False)
+    model.to(device)
+    if dtype == "bfloat16":
+        for name in ENTRY_POINTS:
+            if hasattr(model, name):
+                setattr(model, name, autocast(getattr(model, name), device))
+    model.compiled = compile_after_sharding(model, compile, compile_scope, compile_mode)
+    return model
+
+
+def autocast(method: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """`method` run under bf16 autocast on `device`'s type."""
+
+    @functools.wraps(method)
+    def in_bf16(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return method(*args, **kwargs)
+
+    return in_bf16
+
+
 def compile_after_sharding(
     model: torch.nn.Module, compile: bool, scope: str, mode: str
 ) -> tuple[str, ...]:
     """What train.compile_scope compiles besides the blocks (compiled before sharding), with
     torch.compile's `mode` (train.compile_mode; CUDA graphs: reduce-overhead); what is compiled:
+
+    The blocks and the stem are compiled with static shapes (`dynamic=False`): validation runs
+    them at its own batch (a few rows, no grad) before training's first micro-batch, and
+    Dynamo's automatic dynamic shapes would then mark the batch size dynamic in the training
+    graphs too (symbolic shapes for every step of the run). Static, each shape gets its own
+    graph: validation's, and training's as if it had come first.
 
     - `regions`: each block, and the model's stem (`embed`) and tail (`head_loss`: final norm,
       LM head and loss as one function, where torchtitan compiles its loss alone:
@@ -241,7 +300,9 @@ def compile_after_sharding(
     compiled = ["blocks"]
     for name in REGIONS if scope == "regions" else ():
         if hasattr(model, name):
-            setattr(model, name, torch.compile(getattr(model, name), mode=mode))
+            # static: the stem; the tail's count of positions may vary (the counted-only head)
+            dynamic = False if name == "embed" else None
+            setattr(model, name, torch.compile(getattr(model, name), mode=mode, dynamic=dynamic))
             compiled.append(name)
     return tuple(compiled)
 
