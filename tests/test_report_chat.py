@@ -172,12 +172,59 @@ def test_the_chat_section_puts_each_fine_tune_beside_its_own_base(layout: Layout
     assert f"[{100 * low:.1f}%, {100 * high:.1f}%]" in tuned, tuned
     diff = row_text(html, "chat-b-chat-diff")
     assert "-1.2500" in diff and "+0.5000" in diff and "+25.0 points" in diff, diff
-    assert "no per-conversation losses" in diff
+    assert "a result written without per-document losses" in diff  # these files have none
     published = re.findall(r'<tr class="ref" id="chat-b-chat-ref-\d+">(.*?)</tr>', html, re.S)
     # nanochat d20's MID and SFT publish HumanEval (its RL only GSM8K, no column here)
     assert len(published) == 2 and "8.5%" in published[1] and "SFT" in published[1]
     prompts = html.split('id="chat-prompts-b-chat"')[1].split("</table>")[0]
     assert "reply of b<" in prompts and "reply of b-chat" in prompts and "reply of a" not in prompts
+
+
+def cr2_by_hand(sums: list[float], sizes: list[int]) -> tuple[float, float, float]:
+    """A mean over tokens with its 95% interval cluster-robust over conversations, written out:
+    Bell and McCaffrey's (2002) CR2 variance and their degrees of freedom."""
+    total = sum(sizes)
+    mean = sum(sums) / total
+    var = sum((s - mean * n) ** 2 / (1 - n / total) for s, n in zip(sums, sizes, strict=True))
+    var /= total**2
+    r = [n * n / (1 - n / total) for n in sizes]
+    dof = total**2 / (sum(n * n for n in sizes) + (sum(r) ** 2 - sum(x * x for x in r)) / total**2)
+    half = scipy_stats.t.ppf(0.975, dof) * math.sqrt(var)
+    return mean, mean - half, mean + half
+
+
+def test_the_conversation_loss_has_its_interval_and_a_paired_difference(
+    layout: Layout,  # noqa: F811
+    tmp_path: Path,
+):
+    """sft_loss.json lists each held-out conversation's summed loss and tokens: the chat section
+    gives the loss its interval over conversations, and the fine-tune's difference from its base
+    paired on the same conversations, both equal to a computation by hand."""
+    sizes = [30, 12, 45, 8, 25]
+    per_run = {
+        "b": [90.0, 40.0, 120.0, 30.0, 70.0],
+        "b-chat": [30.0, 20.0, 35.0, 16.0, 26.0],
+    }
+    for run in ("a", "b", "b-chat"):
+        write_run(layout, run, val_loss=4.0)
+        losses = per_run.get(run, per_run["b"])
+        result = {"metric": "sft_loss", "value": sum(losses) / sum(sizes),
+                  "doc_losses": losses, "doc_tokens": sizes, "tokens": sum(sizes)}  # fmt: skip
+        write_eval(layout, run, "sft_loss", result)
+    runs = {
+        "a": with_evals(settings(3e-3), CHAT_EVALS[:1]),
+        "b": with_evals(settings(1e-3), CHAT_EVALS[:1]),
+        "b-chat": chat_settings("b") | {"evaluations": ["val_loss", *CHAT_EVALS[:1]]},
+    }
+    html = render(layout, runs, tmp_path)
+    mean, low, high = cr2_by_hand(per_run["b-chat"], sizes)
+    tuned = row_text(html, "chat-b-chat")
+    assert f"{mean:.4f}" in tuned and f"[{low:.4f}, {high:.4f}]" in tuned, tuned
+    diffs = [t - b for t, b in zip(per_run["b-chat"], per_run["b"], strict=True)]
+    mean, low, high = cr2_by_hand(diffs, sizes)
+    diff = row_text(html, "chat-b-chat-diff")
+    assert f"{mean:+.4f}" in diff and f"[{low:+.4f}, {high:+.4f}]" in diff, diff
+    assert "5 conversations" in diff
 
 
 def wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:

@@ -556,3 +556,32 @@ def test_sft_with_replay_resumes_bit_for_bit_after_a_kill(sft_data, hf_base, tmp
     a, b = final_state(out), final_state(ref)
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_each_held_out_conversations_loss_is_its_own(monkeypatch):
+    """The held-out loss lists each conversation's summed loss over its counted tokens (the
+    report's interval over conversations), each equal to that row scored alone, by hand; their
+    ratio is the mean the result reports. Batches of 3 over 5 rows: a batch's rows never mix."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from lmpipe.chat import evals
+    from lmpipe.models.gpt2.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16)).eval()
+    rng = np.random.default_rng(0)
+    inputs = rng.integers(0, 50257, (5, 16)).astype(np.int32)
+    targets = rng.integers(0, 50257, (5, 16)).astype(np.int32)
+    targets[rng.random((5, 16)) < 0.5] = -1  # the prompt tokens: not counted
+    targets[3] = -1  # a conversation with no counted token: 0 nats over 0 tokens
+    monkeypatch.setattr(evals, "load_split", lambda manifest, split: (inputs, targets))
+    losses, counts = evals.conversation_loss(model, "manifest.json", batch=3, device="cpu")
+    for row, (loss, count) in enumerate(zip(losses, counts, strict=True)):
+        x, y = torch.from_numpy(inputs[row : row + 1]).long(), torch.from_numpy(targets[row])
+        with torch.no_grad():
+            logits, _ = model(x)
+        counted = y != -1
+        want = F.cross_entropy(logits[0][counted], y[counted].long(), reduction="sum")
+        assert count == int(counted.sum())
+        assert loss == pytest.approx(float(want), rel=1e-5, abs=1e-6)

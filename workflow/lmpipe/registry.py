@@ -610,6 +610,7 @@ EVALUATIONS: dict[str, Evaluation] = {
             inputs=("conversations",),
             applies=lambda settings, chat: chat,
             description="loss on the held-out conversations' assistant tokens",
+            result_format=2,  # each conversation's summed loss and tokens: the report's interval
         ),
         Evaluation(
             "chat_samples",

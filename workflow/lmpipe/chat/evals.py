@@ -36,20 +36,22 @@ CHAT_PROMPTS = (
 @torch.no_grad()
 def conversation_loss(
     model, manifest: str | Path, batch: int, device: str
-) -> tuple[float, int, int]:
-    """(mean loss a counted token, counted tokens, conversations) over the val split."""
+) -> tuple[list[float], list[int]]:
+    """Each held-out conversation's (a val row's) summed loss in nats over its counted tokens,
+    and those tokens' count: the mean is their ratio, its interval cluster-robust over them."""
     inputs, targets = load_split(manifest, "val")
-    total, count = 0.0, 0
+    losses: list[float] = []
+    counts: list[int] = []
     for start in range(0, len(inputs), batch):
         x = torch.from_numpy(inputs[start : start + batch]).long().to(device)
         y = torch.from_numpy(targets[start : start + batch]).long().to(device)
         logits, _ = model(x)
         loss = F.cross_entropy(
-            logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=IGNORE, reduction="sum"
+            logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=IGNORE, reduction="none"
         )
-        total += loss.item()  # a host sync a batch: fine for an eval
-        count += int((y != IGNORE).sum())
-    return total / count, count, len(inputs)
+        losses += loss.view(y.shape).sum(1).tolist()  # a host sync a batch: fine for an eval
+        counts += (y != IGNORE).sum(1).tolist()
+    return losses, counts
 
 
 def held_out_loss(
@@ -57,12 +59,15 @@ def held_out_loss(
 ) -> dict[str, Any]:
     model = load_hf(model_dir).to(device)
     manifest = inputs["conversations"]
-    loss, tokens, conversations = conversation_loss(model, manifest, settings.batch, device)
+    losses, counts = conversation_loss(model, manifest, settings.batch, device)
     return {
         "metric": "sft_loss",
-        "value": loss,
-        "tokens": tokens,
-        "conversations": conversations,
+        "value": sum(losses) / sum(counts),
+        "tokens": sum(counts),
+        "conversations": len(counts),
+        # each conversation's summed loss and counted tokens: the report's interval over them
+        "doc_losses": losses,
+        "doc_tokens": counts,
         "produced_by": produced_by(
             __name__,
             model_dir,

@@ -4,12 +4,12 @@ A fine-tuned run's base is its `base: {run: ...}` run, or the reference run meas
 Hugging Face base (lmpipe.bases; found by lmpipe.report.findings.base_of) when the report lists
 it. Each figure comes with its 95% interval: an accuracy (HellaSwag, GSM8K, HumanEval) Wilson's
 over its items; a mean loss over documents (FineWeb val loss, its bits per byte) cluster-robust
-over the documents (lmpipe.stats.cluster_mean); gold-answer bits per byte the t interval of the
-mean over items. The fine-tune's difference from its base is paired on what both measured: the
-same items by id (McNemar's test and Newcombe's interval, or the paired t-test for gold bpb:
-lmpipe.report.comparison) or the same val documents (cluster-robust). Its p is that one test's,
-not adjusted for the others (the task table's tests against the report's baseline are). The
-held-out conversation loss has no per-conversation losses in its result: no interval.
+over the documents (lmpipe.stats.cluster_mean), and so the held-out conversation loss over the
+conversations; gold-answer bits per byte the t interval of the mean over items. The fine-tune's
+difference from its base is paired on what both measured: the same items by id (McNemar's test
+and Newcombe's interval, or the paired t-test for gold bpb: lmpipe.report.comparison) or the
+same val documents or conversations (cluster-robust). Its p is that one test's, not adjusted for
+the others (the task table's tests against the report's baseline are).
 """
 
 from __future__ import annotations
@@ -112,8 +112,11 @@ def val_figure(result: dict[str, Any], unit: str) -> Figure | None:
     return Figure(value, value - half, value + half)
 
 
-def val_difference(tuned: dict[str, Any], base: dict[str, Any], unit: str) -> Difference | None:
-    """The val loss (bits per byte) difference over the documents both scored."""
+def val_difference(
+    tuned: dict[str, Any], base: dict[str, Any], unit: str, what: str = "documents"
+) -> Difference | None:
+    """The val loss (bits per byte) difference over the documents (held-out conversations, for
+    the conversation loss) both scored."""
     key = "value" if unit == "loss" else "bits_per_byte"
     if tuned.get(key) is None or base.get(key) is None:
         return None
@@ -124,7 +127,7 @@ def val_difference(tuned: dict[str, Any], base: dict[str, Any], unit: str) -> Di
         why = problem or "no bytes a document: data tokenized before its byte table"
         return Difference(diff, None, None, None, "not paired", why)
     diff, low, high, docs = stats.cluster_difference(a[0], b[0], a[1])
-    return Difference(diff, low, high, None, f"{docs:,} documents")
+    return Difference(diff, low, high, None, f"{docs:,} {what}")
 
 
 def item_difference(tuned: Score | None, base: Score | None, names: tuple[str, str], test):
@@ -154,12 +157,13 @@ def figures(run: Run, columns: list[Metric]) -> dict[str, Figure | None]:
     """The run's figure in each column, with its interval."""
     scores = task_scores(run) | gold_scores(run)
     val = run.evals.get("val_loss") or {}
-    sft = (run.evals.get("sft_loss") or {}).get("value")
-    out: dict[str, Figure | None] = {"sft_loss": None if sft is None else Figure(sft)}
+    out: dict[str, Figure | None] = {}
     for m in columns:
         if m.key in ("val_loss", "val_bpb"):
             out[m.key] = val_figure(val, m.unit)
-        elif m.key != "sft_loss":
+        elif m.key == "sft_loss":  # a mean over conversations' tokens, as the val loss's
+            out[m.key] = val_figure(run.evals.get("sft_loss") or {}, "loss")
+        else:
             score = scores.get(m.key)
             fig = accuracy if m.unit == "pct" else mean_over_items
             out[m.key] = None if score is None else fig(score)
@@ -172,14 +176,9 @@ def differences(tuned: Run, base: Run, columns: list[Metric]) -> dict[str, Diffe
     names = (tuned.name, base.name)
     out: dict[str, Difference | None] = {}
     for m in columns:
-        if m.key == "sft_loss":
-            a, b = (r.evals.get("sft_loss", {}).get("value") for r in (tuned, base))
-            no = "no per-conversation losses"
-            out[m.key] = (
-                None
-                if a is None or b is None
-                else Difference(a - b, None, None, None, "not paired", no)
-            )
+        if m.key == "sft_loss":  # over the held-out conversations both scored
+            mine_sft, base_sft = tuned.evals.get("sft_loss", {}), base.evals.get("sft_loss", {})
+            out[m.key] = val_difference(mine_sft, base_sft, "loss", "conversations")
         elif m.key in ("val_loss", "val_bpb"):
             mine_val, base_val = tuned.evals.get("val_loss", {}), base.evals.get("val_loss", {})
             out[m.key] = val_difference(mine_val, base_val, m.unit)
