@@ -2,7 +2,7 @@
 (trust_remote_code), in a process that cannot import lmpipe, to the trained model's logits,
 and its `generate` gives the same greedy tokens and logits with the KV cache as without;
 and every chat run's export carries the Vicuna template as its tokenizer's chat_template, whose
-ids are lmpipe.chat.template.prompt_ids' exactly."""
+ids are lmpipe.chat.template.prompt_ids' exactly (GPT-2's tokenizer, a Llama's, a trained one's)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,26 @@ def llama_export(folder, meta):
     write_hf(build_model(model_config({"arch": "hf", "path": str(base)}, "m")), None, folder, meta)
 
 
-EXPORTS = {"gpt2": gpt2_export, "llama": llama_export}
+def trained_tokenizer_export(folder, meta):
+    """A GPT-2 of a trained byte-level BPE's 1,024 ids (lmpipe.data.train_tokenizer), which its
+    export carries, its chat_template's end of a reply the tokenizer's <|endoftext|>."""
+    from test_tokenizer_stage import raw_manifest
+
+    from lmpipe.config import TokenizeConfig, TokenizerConfig
+    from lmpipe.data.train_tokenizer import train_tokenizer
+    from lmpipe.models.gpt2 import write_hf
+
+    tok = folder.parent / "tokenizer"
+    if not tok.is_dir():
+        cfg = TokenizerConfig(name="t", dataset="embedded", vocab_size=1024, max_documents=200)
+        data = TokenizeConfig(dataset="embedded", shard_tokens=500_000, val_tokens=100_000)
+        train_tokenizer(cfg, data, raw_manifest(folder.parent / "raw"), tok)
+    torch.manual_seed(0)
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 64}
+    write_hf(GPT(GPTConfig(**shape, vocab_size=1024, padded_vocab_size=1024)), tok, folder, meta)
+
+
+EXPORTS = {"gpt2": gpt2_export, "llama": llama_export, "trained": trained_tokenizer_export}
 
 
 @pytest.fixture(scope="module", params=sorted(EXPORTS))

@@ -47,7 +47,7 @@ GROUND = {
 # definition modules: tables of plain data and functions, torch-free and importing no lmpipe
 # module, which any layer may read (the ground included: the suite's tasks are defined once, and
 # the config check, the plan and the report read them)
-DEFINITIONS = {"eval.suite.tasks"}
+DEFINITIONS = {"eval.suite.tasks", "data.chat_format"}
 # each architecture's shape (lmpipe/models/<arch>/shape.py): its settings and its parameter and
 # FLOPs counts, torch-free and importing only the ground, which the registry's entry points to
 # (torchtitan's ModelSpec: a model's parts in its package); the ground may import them, and so

@@ -134,6 +134,33 @@ def test_a_run_reads_its_trained_tokenizers_tokens():
     assert "tokenizer" not in json.loads(lmconfig.train_params(c, "embedded-a"))["model"]
 
 
+def with_chat(**tokenizer) -> dict:
+    """with_tokenizer's run tok-a, fine-tuned on the embedded conversations (tok-a-chat)."""
+    c = with_tokenizer(**tokenizer)
+    c["runs"]["tok-a-chat"] = copy.deepcopy(c["runs"]["embedded-a-chat"]) | {
+        "base": {"run": "tok-a"}, "model": "tiny-tok",
+    }  # fmt: skip
+    return c
+
+
+def test_a_tokenizer_whose_split_joins_a_prompt_to_its_reply_is_refused_for_chat():
+    """A split that keeps a word's trailing space ("ASSISTANT: ") would tokenize a chat prompt
+    otherwise than the rows, cut after "ASSISTANT:": refused in one line, where chat meets it."""
+    schema.validate(with_tokenizer(pattern=r"\S+\s*"))  # no conversations: nothing to write
+    with pytest.raises(lmconfig.ConfigError) as e:
+        schema.validate(with_chat(pattern=r"\S+\s*"))
+    assert str(e.value) == (
+        r"tokenizers.tiny.pattern '\\S+\\s*' cannot write the Vicuna template of run"
+        " 'tok-a''s conversations: its split reads 'ASSISTANT: ' as one piece, a prompt's"
+        " end with its reply"
+    ), str(e.value)
+    c = with_chat()  # GPT-4's split: the conversations in its tokens, one entry for every base
+    schema.validate(c)
+    assert lmconfig.chat_tokens(c, "tok-a-chat").endswith("vicuna-dummy/sft-tok-tiny/manifest.json")
+    assert lmconfig.chat_tokens(c, "tok-a") == lmconfig.chat_tokens(c, "tok-a-chat")
+    assert lmconfig.chat_tokens(c, "embedded-a-chat").endswith("vicuna-dummy/sft/manifest.json")
+
+
 # ---- a tiny run through Snakemake ----
 
 
@@ -197,3 +224,69 @@ def test_a_tiny_run_trains_in_its_own_tokenizer_and_exports_it(tmp_path):
     assert {rule for rule, _ in jobs} == {
         "train_tokenizer", "tokenize_for_model", "train", "convert", "evaluate",
     }, jobs  # fmt: skip
+
+
+def test_a_run_in_its_own_tokenizer_fine_tunes_on_conversations_and_exports_the_template(tmp_path):
+    """train_tokenizer -> tokenize -> train tok-a (4 steps) -> prepare_conversations in its
+    tokens -> fine-tune tok-a-chat (1 epoch, 7 steps) -> convert -> sft_loss, chat_samples: the
+    conversations are the trained tokenizer's ids, and the export's apply_chat_template gives
+    the rows it was trained on, its generation prompt where each row's loss starts."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from conftest import make_workdir, snakemake
+    from lmpipe.chat.template import prompt_ids
+    from lmpipe.data.tokenizer import model_tokenizer
+
+    workdir = make_workdir(tmp_path / "wd")
+    config = with_chat(max_documents=400)
+    config["runs"]["tok-a"]["train"] |= {"max_steps": 4, "val_every": 2, "checkpoint_every": 2}
+    config["runs"]["tok-a"]["eval"] = {"val_loss": {"tokens": 8192}}
+    chat = config["runs"]["tok-a-chat"]
+    chat["sft"] = {"epochs": 1}  # 450 train conversations, 64 a step: 7 steps
+    chat["train"] |= {"micro_batch": 16, "batch_tokens": 128 * 64, "val_every": 4}
+    chat["train"] |= {"checkpoint_every": 4, "val_tokens": 4096}
+    chat["eval"] = {"val_loss": {"tokens": 8192}, "chat": {"reply_tokens": 8}}
+    (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    targets = [f"results/runs/tok-a-chat/eval/{e}.json" for e in ("sft_loss", "chat_samples")]
+    snakemake(workdir, "--cores", "2", *targets)
+    ev = workdir / "results/runs/tok-a-chat/eval"
+
+    sft = workdir / "results/data/vicuna-dummy/sft-tok-tiny"
+    manifest = json.loads((sft / "manifest.json").read_text())
+    assert manifest["eot"] == VOCAB - 1
+    rows = {split: np.load(sft / f"{split}_inputs.npy") for split in ("train", "val")}
+    masks = {split: np.load(sft / f"{split}_targets.npy") for split in ("train", "val")}
+    assert max(int(r.max()) for r in rows.values()) == VOCAB - 1  # its ids, its <|endoftext|>
+    loss = json.loads((ev / "sft_loss.json").read_text())
+    assert 0 < loss["value"] < 8, loss  # ln 1024 = 6.9 at chance
+    replies = json.loads((ev / "chat_samples.json").read_text())
+    assert replies["samples"], replies
+
+    hf_dir = workdir / "results/runs/tok-a-chat/model/hf"
+    tok = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    assert tok.chat_template and len(tok) == VOCAB and tok.eos_token == "<|endoftext|>"
+    for name in ("config.json", "generation_config.json"):  # where generate stops: a reply's end
+        assert json.loads((hf_dir / name).read_text())["eos_token_id"] == VOCAB - 1, name
+    ours = model_tokenizer(hf_dir, RESOURCES / "gpt2")
+    records = json.loads((RESOURCES / "dummy_conversation.json").read_text())
+    found = 0
+    for record in records:
+        turns = [t["value"] for t in record["conversations"]]
+        roles = ["user", "assistant"] * (len(turns) // 2)
+        messages = [{"role": r, "content": t} for r, t in zip(roles, turns, strict=True)]
+        whole = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+        if len(whole) > 128:
+            continue  # a truncated row
+        prompt = tok.apply_chat_template(
+            messages[:1], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        assert list(prompt) == prompt_ids(ours, [], turns[0])
+        row = np.full(128, VOCAB - 1, dtype=np.int32)
+        row[: len(whole)] = whole
+        split = next(s for s in rows if (rows[s] == row).all(axis=1).any())
+        i = int(np.flatnonzero((rows[split] == row).all(axis=1))[0])
+        counted = np.flatnonzero(masks[split][i] != -1)
+        assert counted[0] == len(prompt) - 1  # the loss starts where the prompt ends
+        found += 1
+    assert found > 100, found  # (the rest longer than a row in 1,024 ids)

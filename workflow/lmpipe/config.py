@@ -982,8 +982,8 @@ def tokenizing_models(config: dict[str, Any]) -> list[str]:
 
 def conversations_params(config: dict[str, Any], dataset: str, model: str | None = None) -> str:
     """What the prepared conversations depend on (lmpipe.chat.data): the dataset's settings and,
-    in an `arch: hf` model's own tokens (`model`), that tokenizer's files (a changed tokenizer
-    reruns them)."""
+    in a tokenizer other than GPT-2's (`model`: a tokens_of answer), that tokenizer's identity
+    (tokenizer_key: a changed tokenizer reruns them)."""
     d = _fields_of(ConversationsConfig, config["datasets"][dataset])
     if model is not None:
         d["tokenizer"] = tokenizer_key(config, conversations_tokenizer(config, model))
@@ -991,9 +991,10 @@ def conversations_params(config: dict[str, Any], dataset: str, model: str | None
 
 
 def conversations_tokenizer(config: dict[str, Any], model: str | None) -> str:
-    """The folder whose tokenizer prepares conversations in `model`'s tokens (tokens_of): an
-    `arch: hf` model's own, or GPT-2's (the config's `tokenizer`) for None."""
-    return config["tokenizer"] if model is None else hf_tokenizer_folder(config, model)
+    """The folder whose tokenizer prepares conversations in `model`'s tokens (a tokens_of
+    answer): an `arch: hf` model's own, a trained one's (`tok-{name}`), or GPT-2's (the config's
+    `tokenizer`) for None."""
+    return tokenizer_folder(config, model)
 
 
 def chat_tokens(config: dict[str, Any], run: str) -> str:

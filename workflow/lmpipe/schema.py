@@ -472,6 +472,28 @@ def check_tokenizers(config: dict[str, Any]) -> None:
             raise ConfigError(f"models.{model}: {e}") from None
 
 
+def check_chat_in_trained_tokenizers(config: dict[str, Any]) -> None:
+    """Each trained tokenizer some run's conversations are prepared in writes the Vicuna
+    template as its rows are tokenized: its `<|endoftext|>` (the eos; check_trained_tokenizers
+    requires it) ends each reply, the template's </s>, as GPT-2's does; and its split regex cuts
+    a prompt's end from its reply (lmpipe.data.chat_format.split_problem), so the export's
+    `apply_chat_template` gives the ids the model was fine-tuned on. Before the tokenizer is
+    trained: its settings tell."""
+    from lmpipe.config import chat_dataset
+    from lmpipe.data.chat_format import split_problem
+
+    for name, r in config["runs"].items():
+        tok = config["models"][r["model"]].get("tokenizer")
+        if not tok or chat_dataset(config, name) is None:
+            continue
+        pattern = config["tokenizers"][tok]["pattern"]
+        if (problem := split_problem(SPLIT_PATTERNS.get(pattern, pattern))) is not None:
+            raise ConfigError(
+                f"tokenizers.{tok}.pattern {pattern!r} cannot write the Vicuna template of run"
+                f" {name!r}'s conversations: {problem}"
+            )
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Checks across fields and sections; each error names the YAML path and the value."""
     check_datasets(config)
@@ -495,11 +517,6 @@ def check_config(config: dict[str, Any]) -> None:
             continue
         if "base" in r or "sft" in r:
             check_fine_tuning_run(config, name)
-            if config["models"][r["model"]].get("tokenizer"):
-                raise ConfigError(
-                    f"{where}.model: fine-tuning in a trained tokenizer's tokens (conversations"
-                    " prepared in them) is not built yet"
-                )
         elif is_conversations(config, r["dataset"]):
             raise ConfigError(f"{where}: dataset {r['dataset']!r} is conversations: add base/sft")
         elif "max_steps" not in r["train"]:
@@ -524,6 +541,7 @@ def check_config(config: dict[str, Any]) -> None:
             )
         check_evals(config, name, rc)
     check_tokenizers(config)
+    check_chat_in_trained_tokenizers(config)
     for name, rep in config["reports"].items():
         for run in rep["runs"]:
             if run not in config["runs"]:

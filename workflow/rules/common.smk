@@ -141,7 +141,7 @@ TOKENIZED = [d for d in config["datasets"] if d not in MIXTURES]
 
 # the `arch: hf` models whose runs read text in the model's own tokens (tokenize_for_model)
 HF_TOKENIZING_MODELS = lmconfig.tokenizing_models(config)
-# ... and those whose runs read conversations in their own tokens (sft-{model})
+# ... and those whose runs read conversations in their own tokens (sft-{model}, sft-tok-{name})
 CHAT_TOKENIZING_MODELS = sorted(
     {m for _, m in lmconfig.conversation_tokenizings(config) if m is not None}
 )
@@ -188,11 +188,12 @@ def get_from_parts_arg(wildcards, input):
 
 def get_conversations_source(wildcards):
     """The local ShareGPT file (a change reruns the preparation; none for a hub dataset), and
-    a hub model's download, whose tokenizer prepares them in its tokens."""
+    the tokenizer that prepares them where a job makes it: a trained tokenizer's folder (a
+    retrained one re-prepares them), a hub model's download."""
     d = config["datasets"][wildcards.dataset]
     inputs = {"source": d["path"]} if d["source"] == "local" else {}
-    hub = get_hub_model_input(wildcards.model) if wildcards.get("model") else []
-    return inputs | ({"model": hub} if hub else {})
+    tok = get_tokenizer_input(wildcards.model) if wildcards.get("model") else []
+    return inputs | ({"tokenizer": tok} if tok else {})
 
 
 def get_eval_outputs(run):

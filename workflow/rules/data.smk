@@ -240,8 +240,9 @@ use rule mixture as mixture_for_model with:
         model=one_of(HF_TOKENIZING_MODELS),
 
 
-# conversations as masked rows, in GPT-2's tokens (sft/) or in an `arch: hf` model's own
-# (sft-{model}/): one dataset entry serves every base, prepared once per tokenizer
+# conversations as masked rows, in GPT-2's tokens (sft/), an `arch: hf` model's own
+# (sft-{model}/) or a trained tokenizer's (sft-tok-{name}/): one dataset entry serves every base,
+# prepared once per tokenizer
 rule prepare_conversations:
     input:
         unpack(get_conversations_source),

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--tokenizer",
         required=True,
-        help="GPT-2's encoder.json and vocab.bpe, or the base model's folder (its own tokenizer)",
+        help="GPT-2's encoder.json and vocab.bpe, a base model's folder or a trained tokenizer's",
     )
     p.add_argument("--out", required=True, type=Path, help="folder to write (arrays + manifest)")
     args = p.parse_args(argv)

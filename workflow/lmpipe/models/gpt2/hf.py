@@ -30,8 +30,9 @@ CONV1D_SUFFIXES = (
 )
 
 
-def hf_config(config: GPTConfig):
-    """GPT2Config of our model: tanh GELU ("gelu_new"), LayerNorm eps 1e-5, no dropout, tied."""
+def hf_config(config: GPTConfig, eot: int = EOT_ID):
+    """GPT2Config of our model: tanh GELU ("gelu_new"), LayerNorm eps 1e-5, no dropout, tied;
+    `eot` its tokenizer's end of text (GPT-2's, or a trained tokenizer's), where generate stops."""
     from transformers import GPT2Config
 
     return GPT2Config(
@@ -45,8 +46,8 @@ def hf_config(config: GPTConfig):
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         layer_norm_epsilon=1e-5,
-        bos_token_id=EOT_ID,
-        eos_token_id=EOT_ID,
+        bos_token_id=eot,
+        eos_token_id=eot,
         tie_word_embeddings=True,
         architectures=["GPT2LMHeadModel"],
         padded_vocab_size=config.padded_vocab_size,  # extra key: lets us rebuild the native model
@@ -121,7 +122,8 @@ def write_hf(model: GPT, tokenizer_dir: str | Path, out_dir: str | Path, meta: d
     and shape checked against HF's own."""
     from transformers import GPT2LMHeadModel
 
-    hf_model = GPT2LMHeadModel(hf_config(model.config))
+    tokenizer, marker = export_tokenizer(tokenizer_dir, model.config.vocab_size)
+    hf_model = GPT2LMHeadModel(hf_config(model.config, tokenizer.eos_token_id))
     expected = hf_model.state_dict()
     ours = to_hf_state_dict(model)
     assert set(ours) == set(expected), f"key mismatch: {sorted(set(ours) ^ set(expected))}"
@@ -132,7 +134,6 @@ def write_hf(model: GPT, tokenizer_dir: str | Path, out_dir: str | Path, meta: d
     hf_model.load_state_dict(ours, strict=True)
     hf_model.tie_weights()
     hf_model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer, marker = export_tokenizer(tokenizer_dir, model.config.vocab_size)
     tokenizer.model_max_length = model.config.block_size
     add_chat_template(tokenizer, meta)  # a chat run's: the Vicuna template
     tokenizer.save_pretrained(out_dir)
