@@ -137,7 +137,7 @@ class PartTimeout(Exception):
 @dataclass(frozen=True)
 class Speed:
     """A speed part: gpu_train.py's preset and micro-batch, train.loss_chunk_tokens (0: the
-    plain head), train.fp8, train.compile_scope and train.compile_mode."""
+    plain head), train.fp8, train.compile_scope, train.compile_mode and train.loss_kernel."""
 
     preset: str
     mb: int
@@ -145,10 +145,12 @@ class Speed:
     fp8: bool = False
     scope: str = "regions"
     mode: str = "default"
+    kernel: str = "pytorch"
 
     @property
     def name(self) -> str:
-        return speed_name(self.preset, self.mb, self.chunk, self.fp8, self.scope, self.mode)
+        name = speed_name(self.preset, self.mb, self.chunk, self.fp8, self.scope, self.mode)
+        return name + ("" if self.kernel == "pytorch" else f"_{self.kernel}")
 
     @property
     def trial(self) -> bool:
@@ -257,6 +259,8 @@ def plan_for(smoke: bool) -> Plan:
             Speed("d12", 64, scope="blocks"),
             Speed("d12", 64, scope="model"),
             Speed("d12", 64, scope="model", mode="reduce-overhead"),
+            Speed("d12", 64, kernel="liger"),  # train.loss_kernel's fused heads and losses
+            Speed("d12", 64, kernel="cut_cross_entropy"),
         ],
         speed_args=["--seq-len", "1024", "--warmup", "10", "--steps", "20"]
         + ["--device", "cuda", "--dtype", "bfloat16"],
@@ -299,11 +303,17 @@ def plan_for(smoke: bool) -> Plan:
             # one graph of 12 blocks traced and scheduled whole
             "speed.d12_mb64_model": (70, 100),
             "speed.d12_mb64_model_reduce-overhead": (55, 80),  # the same, in CUDA graphs
+            # the fused Triton head and loss (their wheels installed --no-deps first): the stem
+            # and blocks compiled as regions (cold on a fresh machine), the kernel's autotuning
+            "speed.d12_mb64_liger": (70, 100),
+            "speed.d12_mb64_cut_cross_entropy": (70, 100),
         },
         on_request=(
             "speed.d12_mb64_blocks",
             "speed.d12_mb64_model",
             "speed.d12_mb64_model_reduce-overhead",
+            "speed.d12_mb64_liger",
+            "speed.d12_mb64_cut_cross_entropy",
         ),
     )
 
@@ -317,6 +327,16 @@ def speed_name(
     name = f"speed.{preset}_mb{mb}" + ("_chunked" if chunk else "") + ("_fp8" if fp8 else "")
     name += "" if scope == "regions" else f"_{scope}"
     return name + ("" if mode == "default" else f"_{mode}")
+
+
+def kernel_missing(kernel: str) -> str | None:
+    """Why train.loss_kernel `kernel` cannot run here for want of its package, or None (its
+    table imported here only: lmpipe.models.head_loss imports torch, which starts no CUDA)."""
+    from lmpipe.models.head_loss import LOSS_KERNELS
+
+    module, package = LOSS_KERNELS[kernel]
+    found = importlib.util.find_spec(module) is not None
+    return None if found else f"{package} not installed (pip install --no-deps its wheel)"
 
 
 # ---- run in subprocesses (`--internal KIND`): CUDA never starts in the main process ------------
@@ -1001,6 +1021,7 @@ class Check:
         base += self.plan.speed_args + ["--loss-chunk-tokens", str(spec.chunk), "--json", str(path)]
         base += ["--compile-scope", spec.scope, "--compile-mode", spec.mode]
         base += ["--fp8"] if spec.fp8 else []
+        base += [] if spec.kernel == "pytorch" else ["--loss-kernel", spec.kernel]
         if self.plan.device == "cuda" and not self.state.get("peak_flops"):
             base += ["--peak-flops", str(H200_PEAK)]  # a GPU lmpipe.hardware does not know
         compiled = "--no-compile" not in base and self.compile_ok
@@ -1164,11 +1185,18 @@ class Check:
 
     def speed_part(self, spec: Speed) -> None:
         """One speed part; skipped, not failed, where it cannot run here: FP8 where torchao is
-        not installed (the GPU image may lack it), CUDA graphs off CUDA (the trainer's line),
-        a compile trial where torch.compile failed earlier."""
+        not installed (the GPU image may lack it), a fused loss kernel where its package is not,
+        CUDA graphs off CUDA (the trainer's line), a compile trial where torch.compile failed
+        earlier."""
         reason = None
         if spec.fp8 and importlib.util.find_spec("torchao") is None:
             reason = "torchao not installed"
+        elif (
+            spec.kernel != "pytorch"
+            and self.selected(spec.name)
+            and (missing := kernel_missing(spec.kernel))
+        ):
+            reason = missing
         elif compile_problem(spec.mode, self.plan.device):
             reason = compile_problem(spec.mode, self.plan.device)
         elif spec.trial and not self.compile_ok:

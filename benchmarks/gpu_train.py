@@ -63,6 +63,7 @@ from lmpipe.data.shards import GPT2_EOT  # noqa: E402
 from lmpipe.eval import val_loss  # noqa: E402
 from lmpipe.hardware import CPU_NOMINAL_PEAK, gpu_peak_flops  # noqa: E402
 from lmpipe.models.attention import kernel_ops  # noqa: E402
+from lmpipe.models.head_loss import LOSS_KERNELS  # noqa: E402
 from lmpipe.train.fp8 import after_optimizer_step, fp8_problem  # noqa: E402
 from lmpipe.train.loop import training_model  # noqa: E402
 from lmpipe.train.optim import build_optimizer, clip_grad_norm  # noqa: E402
@@ -220,6 +221,7 @@ def measure(
     fp8: bool = False,
     compile_scope: str = "regions",
     compile_mode: str = "default",
+    loss_kernel: str = "pytorch",
 ) -> dict:
     """Time `steps` training steps of `preset` at `micro_batch` x `seq_len` after `warmup` ones.
 
@@ -239,6 +241,7 @@ def measure(
             "optimizer": {"name": "adamw", "lr": 6e-4, "fused": fused},
             "loss_chunk_tokens": loss_chunk_tokens, "activation_checkpointing": recompute,
             "fp8": fp8, "compile_scope": compile_scope, "compile_mode": compile_mode,
+            "loss_kernel": loss_kernel,
         },
         "gpu_train",
     )  # fmt: skip
@@ -308,6 +311,7 @@ def measure(
         "compiled": list(model.compiled),  # what lmpipe.train.parallel compiled
         "fused_adamw": fused,
         "loss_chunk_tokens": loss_chunk_tokens,
+        "loss_kernel": loss_kernel,  # train.loss_kernel: PyTorch's head and loss, or a fused one
         "fp8": fp8,  # train.fp8: the blocks' linears in torchao's float8 (emulated off CUDA)
         "activation_checkpointing": recompute,
         "padded_head": model.padded_head_matmul,
@@ -335,7 +339,8 @@ def in_subprocess(mb: int, args: argparse.Namespace) -> dict:
         path = Path(tmp) / "result.json"
         cmd = [sys.executable, __file__, "--micro-batches", str(mb), "--json", str(path)]
         keys = ("preset", "seq_len", "warmup", "steps", "device", "dtype", "peak_flops")
-        for key in (*keys, "loss_chunk_tokens", "recompute", "compile_scope", "compile_mode"):
+        more = ("loss_chunk_tokens", "recompute", "compile_scope", "compile_mode", "loss_kernel")
+        for key in (*keys, *more):
             value = getattr(args, key)
             if value is not None:
                 cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -377,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fp8", action="store_true", help="train.fp8 (torchao float8; needs capability 8.9)"
     )
+    parser.add_argument(
+        "--loss-kernel", default="pytorch", choices=["pytorch", *LOSS_KERNELS],
+        help="train.loss_kernel (a fused Triton head and loss: CUDA, its package installed)",
+    )  # fmt: skip
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled step")
     parser.add_argument("--json", type=Path, help="write the results here (default: $OUT)")
     args = parser.parse_args(argv)
@@ -400,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                     peak_flops=args.peak_flops, profile=not args.no_profile,
                     loss_chunk_tokens=args.loss_chunk_tokens, recompute=args.recompute,
                     fp8=args.fp8, compile_scope=args.compile_scope, compile_mode=args.compile_mode,
+                    loss_kernel=args.loss_kernel,
                 )  # fmt: skip
                 results = [r | {"device_name": info["device_name"], "device_info": info}]
             except torch.OutOfMemoryError:

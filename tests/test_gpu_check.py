@@ -158,7 +158,7 @@ def test_the_device_plans_budgets_end_inside_the_deadline():
     default --deadline, so the check ends inside it whatever happens; correctness runs first,
     then the 124m run's micro-batch compiled as the trainer compiles, in FP8 and with the loss in
     chunks, then the real run. The on-request compile trials (the blocks only, the whole model,
-    the whole model in CUDA graphs) fit a second call."""
+    the whole model in CUDA graphs) fit a second call, the fused loss kernels a third."""
     gpu_check = benchmark("gpu_check")
     plan = gpu_check.plan_for(smoke=False)
     parts = ["env", "data", "correctness.first_step", "correctness.resume", "correctness.convert"]
@@ -167,8 +167,11 @@ def test_the_device_plans_budgets_end_inside_the_deadline():
     assert set(plan.on_request) < set(parts)
     default = [p for p in parts if p not in plan.on_request]
     assert sum(plan.budgets[p][1] for p in default) < gpu_check.DEFAULT_DEADLINE
-    second = ["env", "data", *plan.on_request]
-    assert sum(plan.budgets[p][1] for p in second) < gpu_check.DEFAULT_DEADLINE
+    kernels = ["speed.d12_mb64_liger", "speed.d12_mb64_cut_cross_entropy"]
+    trials = [p for p in plan.on_request if p not in kernels]
+    assert len(trials) == 3 and set(kernels) < set(plan.on_request)
+    for call in (trials, kernels):
+        assert sum(plan.budgets[p][1] for p in ["env", "data", *call]) < gpu_check.DEFAULT_DEADLINE
     assert all(estimate <= budget for estimate, budget in plan.budgets.values())
     assert [s.name for s in plan.speed if s.name in default] == [
         "speed.d12_mb64", "speed.d12_mb64_fp8", "speed.d12_mb64_chunked",
@@ -207,7 +210,8 @@ def test_the_on_request_parts_wait_for_parts_to_name_them(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     parts = json.loads((out / "gpu_check.json").read_text())["parts"]
     on_request = [
-        "speed.d12_mb64_blocks", "speed.d12_mb64_model", "speed.d12_mb64_model_reduce-overhead"
+        "speed.d12_mb64_blocks", "speed.d12_mb64_model", "speed.d12_mb64_model_reduce-overhead",
+        "speed.d12_mb64_liger", "speed.d12_mb64_cut_cross_entropy",
     ]  # fmt: skip
     assert list(parts)[5:] == [
         "speed.d12_mb64", "speed.d12_mb64_fp8", "speed.d12_mb64_chunked", *on_request, "real_run"
@@ -309,3 +313,26 @@ def test_every_process_of_a_call_shares_one_compile_cache(tmp_path, monkeypatch)
     assert a["TORCHINDUCTOR_CACHE_DIR"] != a["TRITON_CACHE_DIR"]
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "warm"))
     assert make_check(tmp_path / "again").env()["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "warm")
+
+
+def test_a_fused_loss_kernel_part_runs_gpu_train_with_it_or_says_its_package_is_missing(
+    tmp_path, monkeypatch
+):
+    """speed.d12_mb64_liger (on request): where liger-kernel is not installed, as here, skipped
+    with the package to install; where it is, gpu_train.py runs with --loss-kernel liger."""
+    gpu_check = benchmark("gpu_check")
+    check = make_check(tmp_path, parts=["speed.d12_mb64_liger"])
+    (liger,) = [s for s in check.plan.speed if s.name == "speed.d12_mb64_liger"]
+    check.speed_part(liger)
+    part = check.report["parts"]["speed.d12_mb64_liger"]
+    assert part["status"] == "skipped"
+    assert part["reason"].startswith("liger-kernel==0.8.5 not installed"), part
+    commands = []
+    monkeypatch.setattr(gpu_check, "kernel_missing", lambda kernel: None)
+    monkeypatch.setattr(
+        check, "run", lambda title, cmd, check=True: (commands.append(cmd), (1, ""))[1]
+    )
+    with pytest.raises(gpu_check.PartFailed):  # no result file; its command is what counts
+        check.part_speed(liger)
+    (cmd,) = commands
+    assert cmd[cmd.index("--loss-kernel") + 1] == "liger"
