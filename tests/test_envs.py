@@ -81,7 +81,12 @@ DISPATCH = {
 
 # packages a rule's modules import only when a setting asks for them, each with the one module
 # allowed to import it, inside a function: the env leaves them out (the user installs the extra)
-OPTIONAL = {"wandb": "lmpipe.train.wandb_log"}  # logging.wandb: the [wandb] extra
+OPTIONAL = {
+    "wandb": "lmpipe.train.wandb_log",  # logging.wandb: the [wandb] extra
+    # train.loss_kernel's fused Triton kernels (CUDA only): installed by hand where wanted
+    "liger_kernel": "lmpipe.models.head_loss",
+    "cut_cross_entropy": "lmpipe.models.head_loss",
+}
 
 
 # functions whose imports (and modules they start) no job's env needs: they run in the process

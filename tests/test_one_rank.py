@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from test_bf16 import manifest  # noqa: F401 (a fixture: real FineWeb text as shards)
 
 from lmpipe import config as lmconfig
@@ -84,11 +83,6 @@ def test_shard_never_on_several_ranks_is_refused_in_one_line():
     assert lmconfig.FSDPConfig().sharded(1)  # always: as before
 
 
-def one_rank_group() -> None:
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-
-
 def tiny(shard: str, compile: bool = False, micro_batch: int = 2):
     from lmpipe.train.loop import training_model
 
@@ -114,12 +108,12 @@ def trained_state(model, optimizer) -> dict[str, torch.Tensor]:
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in whole.items()}
 
 
+@pytest.mark.usefixtures("one_rank_group")  # tests/conftest.py: destroyed after the module
 @pytest.mark.parametrize("written, read", [("always", "never"), ("never", "always")])
 def test_a_checkpoint_loads_across_fsdp_and_the_plain_model(written, read, tmp_path):
     from lmpipe.train.checkpoint import Checkpointer
     from lmpipe.train.optim import build_optimizer
 
-    one_rank_group()
     model, tc = tiny(written)
     optimizer = build_optimizer(model, tc.optimizer)
     idx = torch.randint(0, VOCAB["vocab_size"], (2, 65), generator=torch.Generator().manual_seed(0))
@@ -136,11 +130,11 @@ def test_a_checkpoint_loads_across_fsdp_and_the_plain_model(written, read, tmp_p
         assert torch.equal(got[name], want[name]), name
 
 
+@pytest.mark.usefixtures("one_rank_group")
 @pytest.mark.parametrize("shard", ["always", "never"])
 def test_validation_first_leaves_the_training_graphs_static(shard):
     """Validation's forward (1 row, no grad) before training's (2 rows, grad): Dynamo must not
     mark the compiled blocks' or stem's input dynamic (its log names each input it marks)."""
-    one_rank_group()
     torch._dynamo.reset()
     marked: list[str] = []
 
