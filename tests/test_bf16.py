@@ -18,17 +18,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from test_modern import manifest  # noqa: F401 (a fixture: real FineWeb text as shards)
 
 from conftest import kill_at_checkpoint
 from lmpipe import config as lmconfig
-from lmpipe.data.shards import write_shard
-from lmpipe.data.tokenizer import gpt2_encoding
 from lmpipe.models.modern.model import ModernGPT, modern_config
-from lmpipe.paths import REPO_ROOT
 
 # 4 trainings of a compiled model on 2 ranks: Inductor on 2 cores, then its cache
 pytestmark = pytest.mark.slow
@@ -68,35 +65,17 @@ def job(dtype: str) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def manifest(tmp_path_factory, fineweb_texts) -> Path:
-    """Real FineWeb text as llm.c shards (documents each after an EOT: the document mask's)."""
-    enc = gpt2_encoding(str(REPO_ROOT / "resources" / "gpt2"))
-    tokens: list[int] = []
-    for text in fineweb_texts[:60]:
-        tokens += [50256, *enc.encode_ordinary(text)]
-    tokens = np.array(tokens, dtype=np.uint16)
-    out = tmp_path_factory.mktemp("tokens")
-    shards = []
-    for i, (split, part) in enumerate([("val", tokens[:4096]), ("train", tokens[4096:])]):
-        name = f"embedded_{split}_{i:06d}.bin"
-        write_shard(out / name, part)
-        shards.append({"file": name, "split": split, "tokens": len(part), "sha256": f"fake{i}"})
-    (out / "manifest.json").write_text(json.dumps({"dataset": "embedded", "shards": shards}))
-    return out / "manifest.json"
-
-
-def command(dtype: str, manifest: Path, out: Path) -> list[str]:
+def command(dtype: str, data: Path, out: Path) -> list[str]:
     cmd = [sys.executable, "-m", "lmpipe.train", "--config-json", json.dumps(job(dtype))]
-    return [*cmd, "--data", str(manifest), "--out", str(out)]
+    return [*cmd, "--data", str(data), "--out", str(out)]
 
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
-def train(dtype: str, manifest: Path, out: Path) -> subprocess.CompletedProcess:
+def train(dtype: str, data: Path, out: Path) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        command(dtype, manifest, out), env=ENV, capture_output=True, text=True, timeout=600
+        command(dtype, data, out), env=ENV, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, f"training failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -115,7 +94,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, manifest) -> dict[str, Path]:
+def runs(tmp_path_factory, manifest) -> dict[str, Path]:  # noqa: F811
     d = tmp_path_factory.mktemp("bf16_runs")
     for dtype in ("float32", "bfloat16"):
         train(dtype, manifest, d / dtype)
@@ -137,7 +116,7 @@ def test_bf16_trains_finite_and_near_fp32(runs):
     assert {w.dtype for w in final_weights(runs["bf16"]).values()} == {torch.float32}
 
 
-def test_bf16_killed_at_its_checkpoint_resumes_bit_for_bit(runs, manifest, tmp_path):
+def test_bf16_killed_at_its_checkpoint_resumes_bit_for_bit(runs, manifest, tmp_path):  # noqa: F811
     out = tmp_path / "killed"
     kill_at_checkpoint(command("bfloat16", manifest, out), ENV, out, step=3, timeout=600)
     restart = train("bfloat16", manifest, out)

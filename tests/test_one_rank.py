@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_bf16 import manifest  # noqa: F401 (a fixture: real FineWeb text as shards)
+from test_modern import manifest  # noqa: F401 (a fixture: real FineWeb text as shards)
 
 from lmpipe import config as lmconfig
 from lmpipe.models.gpt2.model import GPTConfig

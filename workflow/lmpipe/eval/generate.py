@@ -11,9 +11,20 @@ sequences, and is cut before it (lm-eval's `until`, the Codex paper's stop seque
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def load(model_dir: Path, device: str) -> tuple[Any, Any]:
+    """The folder's model in eval mode on `device`, and the tokenizer it is scored in (GPT-2's,
+    or the folder's own: lmpipe.data.tokenizer.model_tokenizer)."""
+    from lmpipe.data.tokenizer import model_tokenizer
+    from lmpipe.models import load_hf
+    from lmpipe.paths import TOKENIZER_DIR
+
+    return load_hf(model_dir).to(device).eval(), model_tokenizer(model_dir, TOKENIZER_DIR)
 
 
 def cut(text: str, stop: tuple[str, ...]) -> str:

@@ -185,13 +185,9 @@ def answers(
 def evaluate(
     settings: GSM8KSettings, model_dir: Path, inputs: dict[str, Path], device: str
 ) -> dict[str, Any]:
-    from lmpipe.data.tokenizer import model_tokenizer
     from lmpipe.eval.results import produced_by
-    from lmpipe.models import load_hf
-    from lmpipe.paths import TOKENIZER_DIR
 
-    model = load_hf(model_dir).to(device).eval()
-    enc = model_tokenizer(model_dir, TOKENIZER_DIR)
+    model, enc = generate.load(model_dir, device)
     problems = load_problems(settings.items)
     mode, completions = answers(model, enc, Path(model_dir), problems, settings, device)
     strict = [extract(c) for c in completions]

@@ -72,13 +72,9 @@ def pass_at_1(results: list[sandbox.Result]) -> tuple[float, float]:
 def evaluate(
     settings: HumanEvalSettings, model_dir: Path, inputs: dict[str, Path], device: str
 ) -> dict[str, Any]:
-    from lmpipe.data.tokenizer import model_tokenizer
     from lmpipe.eval.results import produced_by
-    from lmpipe.models import load_hf
-    from lmpipe.paths import TOKENIZER_DIR
 
-    model = load_hf(model_dir).to(device).eval()
-    enc = model_tokenizer(model_dir, TOKENIZER_DIR)
+    model, enc = generate.load(model_dir, device)
     problems = load_problems(settings.items)
     completions = [
         complete(model, enc, p["prompt"], settings.max_new_tokens, device) for p in problems
