@@ -27,6 +27,14 @@ from scipy import stats
 LEVEL = 0.95  # the intervals' coverage; tests at 1 - LEVEL
 
 
+def proportion(flags: Sequence[int]) -> tuple[float, float]:
+    """The share of 0/1 results that are 1, and its standard error sqrt(p (1 - p) / n) (an
+    accuracy's, as lm-eval reports it beside the figure)."""
+    n = len(flags)
+    p = sum(flags) / n
+    return p, math.sqrt(p * (1 - p) / n)
+
+
 def z(level: float = LEVEL) -> float:
     """The normal quantile of a two-sided interval at `level` (1.96 at 95%)."""
     return float(stats.norm.ppf(0.5 + level / 2))

