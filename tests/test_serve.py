@@ -247,6 +247,17 @@ def test_a_full_queue_is_refused_429(server):
     assert post(server, "/v1/chat/completions", CHAT).status_code == 200
 
 
+def refused(folder: Path) -> list[str]:
+    """`lmpipe serve FOLDER` refusing it: exit status 2, and its stderr's lines."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "workflow")}
+    run = subprocess.run(
+        [sys.executable, "-m", "lmpipe.chat.serve", str(folder), "--port", "0"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stdout + run.stderr
+    return run.stderr.strip().splitlines()
+
+
 def test_the_cli_says_in_one_line_when_the_port_is_taken_or_the_folder_does_not_load(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow")}
     taken = socket.socket()
@@ -261,12 +272,7 @@ def test_the_cli_says_in_one_line_when_the_port_is_taken_or_the_folder_does_not_
     finally:
         taken.close()
     assert run.returncode == 2 and run.stderr.strip() == f"lmpipe serve: 127.0.0.1:{port} is in use"
-    run = subprocess.run(
-        [sys.executable, "-m", "lmpipe.chat.serve", str(tmp_path), "--port", "0"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
-    assert run.returncode == 2
-    assert run.stderr.strip().splitlines() == [
+    assert refused(tmp_path) == [
         f"lmpipe serve: {tmp_path} is not a loadable model folder: {tmp_path}: no config.json"
         " (expected a converted model folder)"
     ]
