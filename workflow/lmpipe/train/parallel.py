@@ -205,10 +205,8 @@ def parallelize(
     mp = mixed_precision(dtype, fsdp.reduce_dtype)
     whole = compile and compile_scope == "model"  # one FSDP unit: the root (below)
     blocks = [] if whole else model.blocks()
-    recompute_blocks(model.blocks(), activation_checkpointing)
+    prepare_blocks(model, compile, activation_checkpointing, compile_scope, compile_mode)
     for block in blocks:
-        if compile:
-            block.compile(mode=compile_mode, dynamic=False)  # static shapes: compile_after_sharding
         fully_shard(
             block, mesh=mesh, mp_policy=mp, reshard_after_forward=fsdp.reshard_after_forward
         )
@@ -220,6 +218,22 @@ def parallelize(
             block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + k])
             block.set_modules_to_backward_prefetch(blocks[max(0, i - k) : i][::-1])
     return model
+
+
+def prepare_blocks(
+    model: torch.nn.Module,
+    compile: bool,
+    activation_checkpointing: str,
+    compile_scope: str,
+    compile_mode: str,
+) -> None:
+    """Each block recomputed as train.activation_checkpointing says and, unless the whole model
+    is one graph (compile_scope model), compiled on its own with static shapes
+    (compile_after_sharding): before any sharding, with FSDP2 or without."""
+    recompute_blocks(model.blocks(), activation_checkpointing)
+    if compile and compile_scope != "model":
+        for block in model.blocks():
+            block.compile(mode=compile_mode, dynamic=False)
 
 
 # what a model's callers call (the trainer's forward; the evaluators' trunk and head apart)
@@ -244,10 +258,7 @@ def unsharded(
     in bf16 from fp32 weights (the matmuls and attention in bf16; norms, softmax and the loss in
     fp32). So its numerics are near, not equal, to the FSDP2 run's (bf16 weights everywhere);
     in fp32 the two are the same computation."""
-    recompute_blocks(model.blocks(), activation_checkpointing)
-    if compile and compile_scope != "model":
-        for block in model.blocks():
-            block.compile(mode=compile_mode, dynamic=False)
+    prepare_blocks(model, compile, activation_checkpointing, compile_scope, compile_mode)
     model.to(device)
     if dtype == "bfloat16":
         for name in ENTRY_POINTS:
@@ -274,12 +285,6 @@ def compile_after_sharding(
     """What train.compile_scope compiles besides the blocks (compiled before sharding), with
     torch.compile's `mode` (train.compile_mode; CUDA graphs: reduce-overhead); what is compiled:
 
-    The blocks and the stem are compiled with static shapes (`dynamic=False`): validation runs
-    them at its own batch (a few rows, no grad) before training's first micro-batch, and
-    Dynamo's automatic dynamic shapes would then mark the batch size dynamic in the training
-    graphs too (symbolic shapes for every step of the run). Static, each shape gets its own
-    graph: validation's, and training's as if it had come first.
-
     - `regions`: each block, and the model's stem (`embed`) and tail (`head_loss`: final norm,
       LM head and loss as one function, where torchtitan compiles its loss alone:
       torchtitan/components/loss.py, build_cross_entropy_loss), each a compiled region of its
@@ -291,6 +296,12 @@ def compile_after_sharding(
       in the loop over them would make Dynamo run that loop eagerly, so the model is one FSDP
       unit (parallelize shards the root only): its parameters are gathered whole for the step,
       without the per-block overlap or `prefetch_blocks`.
+
+    The blocks and the stem are compiled with static shapes (`dynamic=False`): validation runs
+    them at its own batch (a few rows, no grad) before training's first micro-batch, and
+    Dynamo's automatic dynamic shapes would then mark the batch size dynamic in the training
+    graphs too (symbolic shapes for every step of the run). Static, each shape gets its own
+    graph: validation's, and training's as if it had come first.
     """
     if not compile:
         return ()
