@@ -231,6 +231,17 @@ CASES = {
         "runs.speedrun-124m.train.loss_chunk_tokens 8192: loss_kernel 'cut_cross_entropy' never"
         " holds the logits; leave loss_chunk_tokens 0",
     ),
+    # lmpipe/schema.py, check_precision: train.embedding_dtype
+    "bf16_tables_with_fp32_compute": (
+        lambda c: c["runs"]["embedded-a"]["train"].update(embedding_dtype="bfloat16"),
+        "runs.embedded-a.train.embedding_dtype bfloat16 needs train.dtype bfloat16 (the tables'"
+        " bf16 lookups would meet float32 weights)",
+    ),
+    "bf16_tables_in_one_whole_model_graph": (
+        lambda c: c["runs"]["speedrun-124m"]["train"].update(compile_scope="model"),
+        "runs.speedrun-124m.train.embedding_dtype bfloat16 shards the embedding tables as an"
+        " FSDP unit of their own, whose hooks would break compile_scope 'model''s one graph",
+    ),
     "cuda_graphs_on_the_cpu": (
         lambda c: c["runs"]["embedded-a"]["train"].update(
             compile=True, compile_mode="reduce-overhead"

@@ -83,12 +83,13 @@ def test_shard_never_on_several_ranks_is_refused_in_one_line():
     assert lmconfig.FSDPConfig().sharded(1)  # always: as before
 
 
-def tiny(shard: str, compile: bool = False, micro_batch: int = 2):
+def tiny(shard: str, compile: bool = False, micro_batch: int = 2, scope: str = "regions"):
     from lmpipe.train.loop import training_model
 
     tc = lmconfig.train_config(
         TRAIN | {"fsdp": {"shard": shard}, "compile": compile, "micro_batch": micro_batch,
-                 "batch_tokens": 64 * micro_batch},
+                 "batch_tokens": 64 * micro_batch}
+        | ({"compile_scope": scope} if compile else {}),
         "train",
     )  # fmt: skip
     model, _ = training_model(
@@ -131,10 +132,13 @@ def test_a_checkpoint_loads_across_fsdp_and_the_plain_model(written, read, tmp_p
 
 
 @pytest.mark.usefixtures("one_rank_group")
-@pytest.mark.parametrize("shard", ["always", "never"])
-def test_validation_first_leaves_the_training_graphs_static(shard):
+@pytest.mark.parametrize(
+    "shard, scope", [("always", "regions"), ("never", "regions"), ("always", "model")]
+)
+def test_validation_first_leaves_the_training_graphs_static(shard, scope):
     """Validation's forward (1 row, no grad) before training's (2 rows, grad): Dynamo must not
-    mark the compiled blocks' or stem's input dynamic (its log names each input it marks)."""
+    mark the compiled blocks', stem's or whole model's input dynamic (its log names each input
+    it marks)."""
     torch._dynamo.reset()
     marked: list[str] = []
 
@@ -148,7 +152,7 @@ def test_validation_first_leaves_the_training_graphs_static(shard):
     logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     logger.addHandler(handler)
     try:
-        model, _ = tiny(shard, compile=True)
+        model, _ = tiny(shard, compile=True, scope=scope)
         idx = torch.randint(0, VOCAB["vocab_size"], (2, 65))
         with torch.no_grad():
             model(idx[:1, :-1])  # validation: its own rows
@@ -156,5 +160,48 @@ def test_validation_first_leaves_the_training_graphs_static(shard):
     finally:
         logger.removeHandler(handler)
         torch._logging.set_logs()
-    assert model.compiled == ("blocks", "embed", "head_loss")
+    assert model.compiled == {"regions": ("blocks", "embed", "head_loss"), "model": ("model",)}[scope]
     assert marked == []
+
+
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("shard", ["always", "never"])
+def test_bf16_tables_hold_the_tables_and_their_moments_in_bf16(shard):
+    """train.embedding_dtype bfloat16, with FSDP2 (the tables a unit of their own) and on the
+    plain model (autocast): after a step, the token and value embeddings and their AdamW moments
+    are bf16, every other weight and moment fp32. (tests/test_bf16.py trains it on 2 ranks.)"""
+    from lmpipe.train.loop import training_model
+    from lmpipe.train.optim import build_optimizer
+
+    tc = lmconfig.train_config(
+        TRAIN | {"fsdp": {"shard": shard}, "dtype": "bfloat16", "embedding_dtype": "bfloat16"},
+        "train",
+    )
+    shape = SHAPE | VOCAB | {"arch": "modern", "n_layer": 2, "value_embeddings": 1}
+    model, _ = training_model(lmconfig.model_config(shape, "model"), tc, torch.device("cpu"))
+    optimizer = build_optimizer(model, tc.optimizer)
+    idx = torch.randint(0, VOCAB["vocab_size"], (2, 65), generator=torch.Generator().manual_seed(0))
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    optimizer.step()
+    dtypes = {name: t.dtype for name, t in trained_state(model, optimizer).items()}
+    tables = ("transformer.wte.weight", "value_embeds.0.weight")
+    bf16 = {name for name, dtype in dtypes.items() if dtype == torch.bfloat16}
+    want = {f"model.{t}" for t in tables} | {
+        f"optim.{t}.{moment}" for t in tables for moment in ("exp_avg", "exp_avg_sq")
+    }
+    assert bf16 == want
+    assert set(dtypes.values()) == {torch.bfloat16, torch.float32}
+
+
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("shard", ["always", "never"])
+def test_bf16_tables_refuse_a_head_tied_to_the_token_embedding(shard):
+    from lmpipe.train.loop import training_model
+
+    tc = lmconfig.train_config(
+        TRAIN | {"fsdp": {"shard": shard}, "dtype": "bfloat16", "embedding_dtype": "bfloat16"},
+        "train",
+    )
+    gpt2 = lmconfig.model_config(SHAPE | VOCAB, "model")  # GPT-2's head is its token embedding
+    with pytest.raises(ValueError, match=r"transformer.wte.weight is tied to lm_head.weight"):
+        training_model(gpt2, tc, torch.device("cpu"))

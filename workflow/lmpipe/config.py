@@ -373,6 +373,13 @@ class TrainConfig:
         " synchronous. Never changes the trajectory",
     )
     dtype: str = setting("float32", "the compute dtype", enum=["float32", "bfloat16"])
+    embedding_dtype: str = setting(
+        "float32",
+        "the embedding tables' storage dtype (every nn.Embedding: token, position, value"
+        " embeddings): bfloat16 keeps them, their gradients and their optimizer moments in bf16,"
+        " as modded-nanogpt's records (bf16_embeds); needs dtype bfloat16 and an untied head",
+        enum=["float32", "bfloat16"],
+    )
     compile: bool = setting(False, "torch.compile the model")
     compile_scope: str = setting(
         "regions",
@@ -1025,6 +1032,7 @@ ADDED_TRAIN_KEYS = {
     "attention_backend": "auto",
     "compile_scope": "regions",
     "compile_mode": "default",
+    "embedding_dtype": "float32",
 }
 # train.fsdp's: once-a-step reduction sums the same micro-steps' gradients as a reduction each
 # micro-step did, in another order (equal up to rounding), so a run trained before the key

@@ -449,6 +449,29 @@ def check_compile(where: str, rc: Any, fine_tuning: bool) -> None:
         )
 
 
+def check_precision(where: str, rc: Any) -> None:
+    """train.embedding_dtype bfloat16 only with bf16 compute (the tables' bf16 lookups would
+    otherwise meet fp32 weights), and not with the whole model compiled as one graph (the
+    tables are an FSDP unit of their own, whose hooks Dynamo never traces: the graph would
+    break at the stem). A head tied to the token embedding is refused by the trainer
+    (lmpipe.train.parallel.keep_embeddings_in_bf16), which sees the built model's ties."""
+    t = rc.train
+    if t.embedding_dtype != "bfloat16":
+        return
+    if t.dtype != "bfloat16":
+        raise ConfigError(
+            f"{where}.train.embedding_dtype bfloat16 needs train.dtype bfloat16 (the tables'"
+            f" bf16 lookups would meet {t.dtype} weights): set dtype bfloat16, or leave"
+            " embedding_dtype out"
+        )
+    if t.compile and t.compile_scope == "model":
+        raise ConfigError(
+            f"{where}.train.embedding_dtype bfloat16 shards the embedding tables as an FSDP unit"
+            " of their own, whose hooks would break compile_scope 'model''s one graph: use"
+            " compile_scope regions or blocks"
+        )
+
+
 def check_tokenizers(config: dict[str, Any]) -> None:
     """Each `arch: hf` model's tokenizer that some run reads, loaded as its jobs will load it
     (lmpipe.hf_config.check_tokenizer: an eos, ids within the embedding, and the Vicuna
@@ -533,6 +556,7 @@ def check_config(config: dict[str, Any]) -> None:
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         check_compile(where, rc, fine_tuning=is_fine_tuning(config, name))
+        check_precision(where, rc)
         sched = rc.train.schedule
         if rc.train.max_steps and sched.warmup_steps + sched.cooldown_steps > rc.train.max_steps:
             raise ConfigError(

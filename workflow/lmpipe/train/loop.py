@@ -231,7 +231,7 @@ def training_model(
         fp8.convert_blocks(model, device, fsdp=tc.fsdp.sharded(world))
     model = parallelize(
         model, device, tc.dtype, tc.compile, tc.fsdp, mesh, tc.activation_checkpointing,
-        tc.compile_scope, tc.compile_mode,
+        tc.compile_scope, tc.compile_mode, tc.embedding_dtype,
     )  # fmt: skip
     return model, identity
 

@@ -3,7 +3,8 @@
 As torchtitan does: `fully_shard` each of the model's `blocks()` (its parameters are gathered
 just before its forward and freed after), then the root, which holds the embeddings, the final
 norm and the LM head. A tied embedding/head weight is one parameter of the root unit, so it is
-never split across two units.
+never split across two units. With `train.embedding_dtype: bfloat16` the embedding tables are
+stored in bf16 and sharded as a unit of their own (an FSDP unit holds one dtype).
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ def parallelize(
     activation_checkpointing: str = "none",
     compile_scope: str = "regions",
     compile_mode: str = "default",
+    embedding_dtype: str = "float32",
 ) -> torch.nn.Module:
     """Recompute (activation checkpointing, optional) and compile (optional) each block, then
     shard blocks and root over the data-parallel mesh (`Dist.mesh`; None: a 1-D one over every
@@ -195,13 +197,16 @@ def parallelize(
     `prefetch_blocks` k, each block starts the all-gather of the k blocks after it in forward
     (before it in backward), so the communication overlaps the current block's compute. The
     model's `compiled` attribute names what was compiled (provenance.json reads it).
+    `embedding_dtype` bfloat16: the tables stored in bf16 (keep_embeddings_in_bf16), one FSDP
+    unit of their own, gathered by their own hooks when the stem looks them up.
     """
     fsdp = fsdp or FSDPConfig()
     mesh = mesh if mesh is not None else dp_mesh(device.type)
     if not fsdp.sharded(mesh.size()):
         return unsharded(
-            model, device, dtype, compile, activation_checkpointing, compile_scope, compile_mode
-        )
+            model, device, dtype, compile, activation_checkpointing, compile_scope, compile_mode,
+            embedding_dtype,
+        )  # fmt: skip
     mp = mixed_precision(dtype, fsdp.reduce_dtype)
     whole = compile and compile_scope == "model"  # one FSDP unit: the root (below)
     blocks = [] if whole else model.blocks()
@@ -210,6 +215,11 @@ def parallelize(
         fully_shard(
             block, mesh=mesh, mp_policy=mp, reshard_after_forward=fsdp.reshard_after_forward
         )
+    if embedding_dtype == "bfloat16":
+        fully_shard(
+            keep_embeddings_in_bf16(model), mesh=mesh, mp_policy=mp,
+            reshard_after_forward=fsdp.reshard_after_forward,
+        )  # fmt: skip
     fully_shard(model, mesh=mesh, mp_policy=mp)  # moves the parameters to `device`
     model.compiled = compile_after_sharding(model, compile, compile_scope, compile_mode)
     k = fsdp.prefetch_blocks
@@ -248,6 +258,7 @@ def unsharded(
     activation_checkpointing: str = "none",
     compile_scope: str = "regions",
     compile_mode: str = "default",
+    embedding_dtype: str = "float32",
 ) -> torch.nn.Module:
     """One rank's model without FSDP2 (fsdp.shard never, or auto on one rank): on one rank its
     all-gathers and reduce-scatters are copies and its hooks run twice a block a micro-step, for
@@ -260,12 +271,44 @@ def unsharded(
     in fp32 the two are the same computation."""
     prepare_blocks(model, compile, activation_checkpointing, compile_scope, compile_mode)
     model.to(device)
+    if embedding_dtype == "bfloat16":
+        keep_embeddings_in_bf16(model)
     if dtype == "bfloat16":
         for name in ENTRY_POINTS:
             if hasattr(model, name):
                 setattr(model, name, autocast(getattr(model, name), device))
     model.compiled = compile_after_sharding(model, compile, compile_scope, compile_mode)
     return model
+
+
+def keep_embeddings_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """train.embedding_dtype bfloat16: every `nn.Embedding` of the model (token, position and
+    value embeddings) stored in bf16, as modded-nanogpt's records do (`bf16_embeds = True`:
+    `for m in model.modules(): if isinstance(m, nn.Embedding): m.bfloat16()`,
+    records/track_1_short/2025-01-04_SoftCap/31d6c427-...txt). Their gradients and the
+    optimizer's moments (zeros_like the parameter) are bf16 then too, and each update is rounded
+    to bf16: half the bytes of fp32 masters, and the record's numerics. The tables, returned.
+
+    A table whose weight is another module's too (a head tied to the token embedding) is
+    refused: the head's matmul would be stored in bf16, and under FSDP2 the tables' unit would
+    hold a weight the root's head needs gathered."""
+    owners: dict[int, list[str]] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
+            owners.setdefault(id(p), []).append(f"{module_name}.{name}".lstrip("."))
+    tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    if not tables:
+        raise ValueError("train.embedding_dtype bfloat16: the model has no nn.Embedding")
+    for table in tables:
+        names = owners[id(table.weight)]
+        if len(names) > 1:
+            raise ValueError(
+                f"train.embedding_dtype bfloat16: {names[0]} is tied to {names[1]}, which is no"
+                " embedding table; untie them (tie_embeddings: false) or keep float32"
+            )
+    for table in tables:
+        table.to(torch.bfloat16)
+    return tables
 
 
 def autocast(method: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
@@ -297,16 +340,20 @@ def compile_after_sharding(
       unit (parallelize shards the root only): its parameters are gathered whole for the step,
       without the per-block overlap or `prefetch_blocks`.
 
-    The blocks and the stem are compiled with static shapes (`dynamic=False`): validation runs
-    them at its own batch (a few rows, no grad) before training's first micro-batch, and
-    Dynamo's automatic dynamic shapes would then mark the batch size dynamic in the training
-    graphs too (symbolic shapes for every step of the run). Static, each shape gets its own
-    graph: validation's, and training's as if it had come first.
+    The blocks, the stem and the whole model are compiled with static shapes (`dynamic=False`):
+    validation runs them at its own batch (a few rows, no grad) before training's first
+    micro-batch, and Dynamo's automatic dynamic shapes would then mark the batch size dynamic in
+    the training graphs too (symbolic shapes for every step of the run). Static, each shape gets
+    its own graph: validation's, and training's as if it had come first. The tail, and the whole
+    model under fine-tuning's counted-only head, keep automatic dynamic shapes.
     """
     if not compile:
         return ()
     if scope == "model":
-        model.compile(mode=mode)
+        # static too, but where the head's count of positions changes each step (fine-tuning's
+        # head_on_counted_only): a graph a count would recompile each step
+        dynamic = None if getattr(model, "head_on_counted_only", False) else False
+        model.compile(mode=mode, dynamic=dynamic)
         return ("model",)
     compiled = ["blocks"]
     for name in REGIONS if scope == "regions" else ():
