@@ -19,11 +19,29 @@ TOKENIZER_DIR = RESOURCES / "gpt2"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# The files that take longest under `make test` (the durations it prints, summed a file; about
+# 33 to 4 minutes each on 2 shared cores), longest first; test_slurm.py is first by its marker.
+LONGEST_FILES = (
+    "test_pipeline.py", "test_hf_arch.py", "test_train.py", "test_gpu_check.py", "test_bf16.py",
+    "test_one_rank.py", "test_sft.py", "test_readme_example.py", "test_tokenizer_stage.py",
+    "test_interrupt.py", "test_tokenizer_sweep.py", "test_reference.py", "test_train_eval.py",
+    "test_compile.py",
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The SLURM tests first. They mostly wait (on SLURM's scheduling and Snakemake's status
-    polls), so under `make test` (pytest-xdist, a file a worker) one worker waits on them from
-    the start while the others run the rest, instead of taking them up last."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: else in order
+    """The SLURM tests first, then the longest files, longest first, then the rest as collected.
+    Under `make test` (pytest-xdist, a file a worker, handed out in this order) one worker waits
+    on the SLURM tests from the start (they mostly wait on SLURM's scheduling and Snakemake's
+    status polls) while the others take the long files first and the short ones last, so that
+    no long file starts near the end with the other workers idle."""
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        name = item.path.name
+        longest = LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+        return item.get_closest_marker("slurm") is None, longest
+
+    items.sort(key=rank)  # stable: a file's tests, and the rest, in the order collected
 
 
 @pytest.fixture(scope="module")

@@ -108,9 +108,14 @@ EOF
 
 # ---- daemons ---------------------------------------------------------------------------------
 alive "$STATE/slurmctld.pid" || slurmctld -c -i || die "slurmctld did not start ($STATE/slurmctld.log)"
+# The slurmd run 5 nice levels above the default, and so do their jobs (SLURM's default
+# PropagatePrioProcess=0: a job's tasks take slurmd's scheduling priority): the SLURM tests are
+# the suite's longest chain of work, and under `make test` their jobs share the 2 cores with the
+# other test workers, which take the CPU time the jobs leave.
 for n in n1 n2; do
   mkdir -p "$STATE/spool/$n"
-  alive "$STATE/slurmd-$n.pid" || slurmd -N "$n" || die "slurmd $n did not start ($STATE/slurmd-$n.log)"
+  alive "$STATE/slurmd-$n.pid" || nice -n -5 slurmd -N "$n" ||
+    die "slurmd $n did not start ($STATE/slurmd-$n.log)"
 done
 
 for _ in $(seq 1 60); do
