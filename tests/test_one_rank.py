@@ -160,7 +160,8 @@ def test_validation_first_leaves_the_training_graphs_static(shard, scope):
     finally:
         logger.removeHandler(handler)
         torch._logging.set_logs()
-    assert model.compiled == {"regions": ("blocks", "embed", "head_loss"), "model": ("model",)}[scope]
+    compiled = {"regions": ("blocks", "embed", "head_loss"), "model": ("model",)}
+    assert model.compiled == compiled[scope]
     assert marked == []
 
 
