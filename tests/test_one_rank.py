@@ -206,3 +206,36 @@ def test_bf16_tables_refuse_a_head_tied_to_the_token_embedding(shard):
     gpt2 = lmconfig.model_config(SHAPE | VOCAB, "model")  # GPT-2's head is its token embedding
     with pytest.raises(ValueError, match=r"transformer.wte.weight is tied to lm_head.weight"):
         training_model(gpt2, tc, torch.device("cpu"))
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_bf16_tables_of_hugging_face_models(tmp_path):
+    """Every nn.Embedding of an `arch: hf` model too: a Llama's (untied) token embedding trains
+    in bf16 beside its fp32 head; Qwen2's and GPT-2's heads are their token embeddings, refused."""
+    from hf_models import make_model
+
+    from lmpipe.train.loop import training_model
+    from lmpipe.train.optim import build_optimizer
+
+    tc = lmconfig.train_config(
+        TRAIN | {"dtype": "bfloat16", "embedding_dtype": "bfloat16", "seq_len": 32,
+                 "batch_tokens": 64},
+        "train",
+    )  # fmt: skip
+
+    def hf(family: str):
+        folder = make_model(family, tmp_path / family)
+        return lmconfig.model_config({"arch": "hf", "path": str(folder)}, "models.m")
+
+    model, _ = training_model(hf("llama"), tc, torch.device("cpu"))
+    optimizer = build_optimizer(model, tc.optimizer)
+    idx = torch.randint(0, 100, (2, 33), generator=torch.Generator().manual_seed(0))
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    optimizer.step()
+    dtypes = {name: t.dtype for name, t in trained_state(model, optimizer).items()}
+    bf16 = {name for name, dtype in dtypes.items() if dtype == torch.bfloat16}
+    table = "hf.model.embed_tokens.weight"
+    assert bf16 == {f"model.{table}", f"optim.{table}.exp_avg", f"optim.{table}.exp_avg_sq"}
+    for family, tied in (("qwen2", "hf.model.embed_tokens.weight"), ("gpt2", "hf.transformer.wte")):
+        with pytest.raises(ValueError, match=rf"{tied}.* is tied to hf.lm_head.weight"):
+            training_model(hf(family), tc, torch.device("cpu"))

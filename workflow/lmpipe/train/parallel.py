@@ -304,7 +304,8 @@ def keep_embeddings_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
         if len(names) > 1:
             raise ValueError(
                 f"train.embedding_dtype bfloat16: {names[0]} is tied to {names[1]}, which is no"
-                " embedding table; untie them (tie_embeddings: false) or keep float32"
+                " embedding table: train a model with an untied head (tie_embeddings: false; a"
+                " Hugging Face config's tie_word_embeddings: false), or leave it float32"
             )
     for table in tables:
         table.to(torch.bfloat16)
