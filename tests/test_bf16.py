@@ -29,7 +29,8 @@ from conftest import kill_at_checkpoint
 from lmpipe import config as lmconfig
 from lmpipe.models.modern.model import ModernGPT, modern_config
 
-# 4 trainings of a compiled model on 2 ranks: Inductor on 2 cores, then its cache
+# 5 trainings of a compiled model on 2 ranks (3 precisions, a kill and its restart): Inductor on
+# 2 cores, then its cache
 pytestmark = pytest.mark.slow
 
 SHAPE = {

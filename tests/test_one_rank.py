@@ -165,32 +165,46 @@ def test_validation_first_leaves_the_training_graphs_static(shard, scope):
     assert marked == []
 
 
+# train.embedding_dtype bfloat16, with the bf16 compute it needs
+BF16_TABLES = {"dtype": "bfloat16", "embedding_dtype": "bfloat16"}
+
+
+def dtypes_after_a_step(config, tc, vocab_size: int) -> dict[str, torch.dtype]:
+    """The trainer's model of `config` after one AdamW step: each weight's and moment's dtype."""
+    from lmpipe.train.loop import training_model
+    from lmpipe.train.optim import build_optimizer
+
+    model, _ = training_model(config, tc, torch.device("cpu"))
+    optimizer = build_optimizer(model, tc.optimizer)
+    idx = torch.randint(
+        0, vocab_size, (2, tc.seq_len + 1), generator=torch.Generator().manual_seed(0)
+    )
+    model(idx[:, :-1], idx[:, 1:])[1].backward()
+    optimizer.step()
+    return {name: t.dtype for name, t in trained_state(model, optimizer).items()}
+
+
+def in_bf16(dtypes: dict[str, torch.dtype]) -> set[str]:
+    return {name for name, dtype in dtypes.items() if dtype == torch.bfloat16}
+
+
+def tables_and_moments(*tables: str) -> set[str]:
+    """trained_state's names of each table and of its two AdamW moments."""
+    return {f"model.{t}" for t in tables} | {
+        f"optim.{t}.{moment}" for t in tables for moment in ("exp_avg", "exp_avg_sq")
+    }
+
+
 @pytest.mark.usefixtures("one_rank_group")
 @pytest.mark.parametrize("shard", ["always", "never"])
 def test_bf16_tables_hold_the_tables_and_their_moments_in_bf16(shard):
     """train.embedding_dtype bfloat16, with FSDP2 (the tables a unit of their own) and on the
     plain model (autocast): after a step, the token and value embeddings and their AdamW moments
     are bf16, every other weight and moment fp32. (tests/test_bf16.py trains it on 2 ranks.)"""
-    from lmpipe.train.loop import training_model
-    from lmpipe.train.optim import build_optimizer
-
-    tc = lmconfig.train_config(
-        TRAIN | {"fsdp": {"shard": shard}, "dtype": "bfloat16", "embedding_dtype": "bfloat16"},
-        "train",
-    )
+    tc = lmconfig.train_config(TRAIN | {"fsdp": {"shard": shard}} | BF16_TABLES, "train")
     shape = SHAPE | VOCAB | {"arch": "modern", "n_layer": 2, "value_embeddings": 1}
-    model, _ = training_model(lmconfig.model_config(shape, "model"), tc, torch.device("cpu"))
-    optimizer = build_optimizer(model, tc.optimizer)
-    idx = torch.randint(0, VOCAB["vocab_size"], (2, 65), generator=torch.Generator().manual_seed(0))
-    model(idx[:, :-1], idx[:, 1:])[1].backward()
-    optimizer.step()
-    dtypes = {name: t.dtype for name, t in trained_state(model, optimizer).items()}
-    tables = ("transformer.wte.weight", "value_embeds.0.weight")
-    bf16 = {name for name, dtype in dtypes.items() if dtype == torch.bfloat16}
-    want = {f"model.{t}" for t in tables} | {
-        f"optim.{t}.{moment}" for t in tables for moment in ("exp_avg", "exp_avg_sq")
-    }
-    assert bf16 == want
+    dtypes = dtypes_after_a_step(lmconfig.model_config(shape, "model"), tc, VOCAB["vocab_size"])
+    assert in_bf16(dtypes) == tables_and_moments("transformer.wte.weight", "value_embeds.0.weight")
     assert set(dtypes.values()) == {torch.bfloat16, torch.float32}
 
 
@@ -199,10 +213,7 @@ def test_bf16_tables_hold_the_tables_and_their_moments_in_bf16(shard):
 def test_bf16_tables_refuse_a_head_tied_to_the_token_embedding(shard):
     from lmpipe.train.loop import training_model
 
-    tc = lmconfig.train_config(
-        TRAIN | {"fsdp": {"shard": shard}, "dtype": "bfloat16", "embedding_dtype": "bfloat16"},
-        "train",
-    )
+    tc = lmconfig.train_config(TRAIN | {"fsdp": {"shard": shard}} | BF16_TABLES, "train")
     gpt2 = lmconfig.model_config(SHAPE | VOCAB, "model")  # GPT-2's head is its token embedding
     with pytest.raises(ValueError, match=r"transformer.wte.weight is tied to lm_head.weight"):
         training_model(gpt2, tc, torch.device("cpu"))
@@ -215,27 +226,15 @@ def test_bf16_tables_of_hugging_face_models(tmp_path):
     from hf_models import make_model
 
     from lmpipe.train.loop import training_model
-    from lmpipe.train.optim import build_optimizer
 
-    tc = lmconfig.train_config(
-        TRAIN | {"dtype": "bfloat16", "embedding_dtype": "bfloat16", "seq_len": 32,
-                 "batch_tokens": 64},
-        "train",
-    )  # fmt: skip
+    tc = lmconfig.train_config(TRAIN | BF16_TABLES | {"seq_len": 32, "batch_tokens": 64}, "train")
 
     def hf(family: str):
         folder = make_model(family, tmp_path / family)
         return lmconfig.model_config({"arch": "hf", "path": str(folder)}, "models.m")
 
-    model, _ = training_model(hf("llama"), tc, torch.device("cpu"))
-    optimizer = build_optimizer(model, tc.optimizer)
-    idx = torch.randint(0, 100, (2, 33), generator=torch.Generator().manual_seed(0))
-    model(idx[:, :-1], idx[:, 1:])[1].backward()
-    optimizer.step()
-    dtypes = {name: t.dtype for name, t in trained_state(model, optimizer).items()}
-    bf16 = {name for name, dtype in dtypes.items() if dtype == torch.bfloat16}
-    table = "hf.model.embed_tokens.weight"
-    assert bf16 == {f"model.{table}", f"optim.{table}.exp_avg", f"optim.{table}.exp_avg_sq"}
+    dtypes = dtypes_after_a_step(hf("llama"), tc, 100)
+    assert in_bf16(dtypes) == tables_and_moments("hf.model.embed_tokens.weight")
     for family, tied in (("qwen2", "hf.model.embed_tokens.weight"), ("gpt2", "hf.transformer.wte")):
         with pytest.raises(ValueError, match=rf"{tied}.* is tied to hf.lm_head.weight"):
             training_model(hf(family), tc, torch.device("cpu"))

@@ -292,10 +292,9 @@ def keep_embeddings_in_bf16(model: torch.nn.Module) -> list[torch.nn.Module]:
     A table whose weight is another module's too (a head tied to the token embedding) is
     refused: the head's matmul would be stored in bf16, and under FSDP2 the tables' unit would
     hold a weight the root's head needs gathered."""
-    owners: dict[int, list[str]] = {}
-    for module_name, module in model.named_modules(remove_duplicate=False):
-        for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
-            owners.setdefault(id(p), []).append(f"{module_name}.{name}".lstrip("."))
+    owners: dict[int, list[str]] = {}  # a parameter's names: two or more where it is tied
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
     tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
     if not tables:
         raise ValueError("train.embedding_dtype bfloat16: the model has no nn.Embedding")
