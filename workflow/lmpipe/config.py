@@ -377,7 +377,8 @@ class TrainConfig:
         "float32",
         "the embedding tables' storage dtype (every nn.Embedding: token, position, value"
         " embeddings): bfloat16 keeps them, their gradients and their optimizer moments in bf16,"
-        " as modded-nanogpt's records (bf16_embeds); needs dtype bfloat16 and an untied head",
+        " as modded-nanogpt's records (bf16_embeds); needs dtype bfloat16 and an untied head,"
+        " and is refused with compile_scope model (the tables are an FSDP unit of their own)",
         enum=["float32", "bfloat16"],
     )
     compile: bool = setting(False, "torch.compile the model")
